@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""ImageNet-style training and evaluation on Ascend NPU, CUDA or CPU.
+
+A port of pytorch/examples' imagenet/main.py: parse -> validate -> run. The machinery is
+in the ``trainer`` package; ``python3 main.py --help`` lists every flag.
+"""
+import sys
+
+from trainer.errors import UsageError
+
+
+def main(argv=None):
+    from trainer.config import parse_config
+    try:
+        cfg, ns = parse_config(argv)
+        if cfg is None:  # --list-models
+            import models
+            print("\n".join(models.list_models()))
+            return 0
+        from trainer.run import run
+        return run(cfg)
+    except UsageError as exc:
+        sys.stderr.write("error: {}\n".format(exc))
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Model registry: torchvision's classification models plus this project's variants.
+
+``get_model(name, num_classes=1000, weights=None, **kwargs)`` builds a model by name;
+``weights`` is a local file (a state dict, or a checkpoint holding ``state_dict``,
+with or without DistributedDataParallel's ``module.`` prefix). Nothing is ever
+downloaded. ``list_models()`` gives every name, for ``--help`` and for suggestions.
+"""
+import difflib
+
+import torchvision
+
+_REGISTRY = {}
+
+
+def register_model(fn):
+    """Decorator: make ``fn(num_classes=..., **kwargs)`` buildable by its name."""
+    _REGISTRY[fn.__name__] = fn
+    return fn
+
+
+def _torchvision_names():
+    models = torchvision.models
+    if hasattr(models, "list_models"):  # torchvision >= 0.14
+        return sorted(models.list_models(module=models))
+    # torchvision 0.12 (the Ascend 1.11 stack): the pytorch/examples way.
+    return sorted(
+        name for name in models.__dict__
+        if name.islower() and not name.startswith("_") and callable(models.__dict__[name])
+    )
+
+
+def _ensure_local_models():
+    # Imported lazily so that importing the registry stays cheap.
+    from models import shufflenet_npu  # noqa: F401  (registers its builders)
+
+
+def list_models():
+    _ensure_local_models()
+    return sorted(set(_torchvision_names()) | set(_REGISTRY))
+
+
+def suggest(name, n=3):
+    """Close names for a typo, best first."""
+    return difflib.get_close_matches(name, list_models(), n=n, cutoff=0.5)
+
+
+class UnknownModelError(ValueError):
+    pass
+
+
+def unknown_message(name):
+    hint = suggest(name)
+    return "unknown architecture '{}'{}; `main.py --list-models` lists them all".format(
+        name, " (did you mean {}?)".format(", ".join(hint)) if hint else "")
+
+
+def get_model(name, num_classes=1000, weights=None, **kwargs):
+    _ensure_local_models()
+    if name in _REGISTRY:
+        model = _REGISTRY[name](num_classes=num_classes, **kwargs)
+    elif name in _torchvision_names():
+        model = torchvision.models.__dict__[name](num_classes=num_classes, **kwargs)
+    else:
+        raise UnknownModelError(unknown_message(name))
+    if weights is not None:
+        from trainer.checkpoint import load_weights_into
+        load_weights_into(model, weights)
+    return model

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Generate a small, learnable image-classification data set.
+
+Ten classes of procedurally drawn shapes (disc, square, triangle, cross, ring,
+horizontal stripes, vertical stripes, diagonal bar, checkerboard, dot grid) in random
+colours, positions and sizes over a noisy background, saved as JPEG files.
+
+    python3 tools/make_dataset.py OUT [--classes 10] [--train-per-class 100] [--val-per-class 20]
+                                      [--size 64] [--layout imagenet|tiny-imagenet] [--seed 0]
+
+imagenet layout:      OUT/train/<class>/*.JPEG, OUT/val/<class>/*.JPEG
+tiny-imagenet layout: OUT/train/<wnid>/images/*.JPEG, OUT/val/images/*.JPEG + OUT/val/val_annotations.txt
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+SHAPES = ("disc", "square", "triangle", "cross", "ring", "hstripes", "vstripes", "diagonal", "checker", "dots")
+
+
+def wnid(k):
+    return "n{:08d}".format(1000 + k)
+
+
+def draw(shape, size, rng):
+    bg = rng.integers(0, 256, size=3)
+    noise = rng.normal(0, 24, size=(size, size, 3))
+    arr = np.clip(np.ones((size, size, 3)) * bg + noise, 0, 255).astype(np.uint8)
+    img = Image.fromarray(arr)
+    d = ImageDraw.Draw(img)
+    fg = tuple(int(v) for v in (bg + rng.integers(96, 160, size=3)) % 256)
+    s = int(size * rng.uniform(0.35, 0.6))
+    x0 = int(rng.integers(0, size - s))
+    y0 = int(rng.integers(0, size - s))
+    x1, y1 = x0 + s, y0 + s
+    w = max(2, s // 6)
+    if shape == "disc":
+        d.ellipse([x0, y0, x1, y1], fill=fg)
+    elif shape == "square":
+        d.rectangle([x0, y0, x1, y1], fill=fg)
+    elif shape == "triangle":
+        d.polygon([(x0, y1), (x1, y1), ((x0 + x1) // 2, y0)], fill=fg)
+    elif shape == "cross":
+        cx, cy = (x0 + x1) // 2, (y0 + y1) // 2
+        d.rectangle([x0, cy - w, x1, cy + w], fill=fg)
+        d.rectangle([cx - w, y0, cx + w, y1], fill=fg)
+    elif shape == "ring":
+        d.ellipse([x0, y0, x1, y1], outline=fg, width=w)
+    elif shape == "hstripes":
+        for y in range(0, size, 2 * w):
+            d.rectangle([0, y, size, y + w - 1], fill=fg)
+    elif shape == "vstripes":
+        for x in range(0, size, 2 * w):
+            d.rectangle([x, 0, x + w - 1, size], fill=fg)
+    elif shape == "diagonal":
+        d.line([(x0, y0), (x1, y1)], fill=fg, width=w)
+    elif shape == "checker":
+        c = max(3, size // 8)
+        for i in range(0, size, c):
+            for j in range(0, size, c):
+                if (i // c + j // c) % 2 == 0:
+                    d.rectangle([i, j, i + c - 1, j + c - 1], fill=fg)
+    elif shape == "dots":
+        step = max(6, size // 5)
+        r = max(1, step // 4)
+        for i in range(step // 2, size, step):
+            for j in range(step // 2, size, step):
+                d.ellipse([i - r, j - r, i + r, j + r], fill=fg)
+    return img
+
+
+def generate(out, classes=10, train_per_class=100, val_per_class=20, size=64, layout="imagenet", seed=0):
+    if classes < 1 or classes > len(SHAPES):
+        raise ValueError("--classes must be 1-{}".format(len(SHAPES)))
+    rng = np.random.default_rng(seed)
+    annotations = []
+    for k in range(classes):
+        name = wnid(k)
+        tdir = os.path.join(out, "train", name, "images") if layout == "tiny-imagenet" else \
+            os.path.join(out, "train", name)
+        os.makedirs(tdir, exist_ok=True)
+        for i in range(train_per_class):
+            draw(SHAPES[k], size, rng).save(os.path.join(tdir, "{}_{}.JPEG".format(name, i)), quality=90)
+        if layout == "tiny-imagenet":
+            vdir = os.path.join(out, "val", "images")
+        else:
+            vdir = os.path.join(out, "val", name)
+        os.makedirs(vdir, exist_ok=True)
+        for i in range(val_per_class):
+            fname = "val_{}_{}.JPEG".format(k, i)
+            draw(SHAPES[k], size, rng).save(os.path.join(vdir, fname), quality=90)
+            annotations.append((fname, name))
+    if layout == "tiny-imagenet":
+        with open(os.path.join(out, "val", "val_annotations.txt"), "w") as f:
+            for fname, name in annotations:
+                f.write("{}\t{}\t0\t0\t{}\t{}\n".format(fname, name, size, size))
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--train-per-class", type=int, default=100)
+    p.add_argument("--val-per-class", type=int, default=20)
+    p.add_argument("--size", type=int, default=64)
+    p.add_argument("--layout", choices=("imagenet", "tiny-imagenet"), default="imagenet")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if os.path.exists(a.out) and os.listdir(a.out):
+        sys.stderr.write("error: '{}' exists and is not empty; choose a new folder\n".format(a.out))
+        return 2
+    for name in ("classes", "train_per_class", "val_per_class", "size"):
+        if getattr(a, name) < 1:
+            sys.stderr.write("error: --{} must be at least 1\n".format(name.replace("_", "-")))
+            return 2
+    try:
+        generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.size, a.layout, a.seed)
+    except ValueError as exc:
+        sys.stderr.write("error: {}\n".format(exc))
+        return 2
+    print(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

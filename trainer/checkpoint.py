@@ -1,0 +1,155 @@
+"""Checkpoints: atomic writes, tolerant loads, resume.
+
+Writes go to a temporary file in the same folder, are flushed and fsync'ed, then renamed
+over the target (and the folder fsync'ed): a crash at any point leaves the previous
+checkpoint intact and loadable, never a truncated one.
+
+Loading accepts a bare state dict or a checkpoint holding ``state_dict``, with or
+without DistributedDataParallel's ``module.`` prefix, onto any device (loaded to the CPU
+first), with ``weights_only=True`` where the installed torch supports it.
+"""
+import os
+import pickle
+import random
+import zipfile
+
+import torch
+
+from trainer import device as devmod
+from trainer.errors import UsageError
+
+CHECKPOINT = "checkpoint.pth.tar"
+BEST = "model_best.pth.tar"
+FORMAT_VERSION = 1
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, write_fn):
+    """Run ``write_fn(fileobj)`` into a temp file next to ``path``, then rename it over."""
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(folder, ".{}.tmp-{}".format(os.path.basename(path), os.getpid()))
+    try:
+        with open(tmp, "wb") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def save(obj, path):
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def copy(src, dst):
+    def write(f):
+        with open(src, "rb") as s:
+            while True:
+                chunk = s.read(1 << 22)
+                if not chunk:
+                    break
+                f.write(chunk)
+    atomic_write(dst, write)
+
+
+def strip_module(state_dict):
+    if state_dict and all(k.startswith("module.") for k in state_dict):
+        return type(state_dict)((k[len("module."):], v) for k, v in state_dict.items())
+    return state_dict
+
+
+def read(path, what="checkpoint"):
+    """Load a file saved by torch.save; a missing or non-torch file is a UsageError."""
+    if not os.path.exists(path):
+        raise UsageError("{} '{}' does not exist".format(what, path))
+    if not os.path.isfile(path):
+        raise UsageError("{} '{}' is not a file".format(what, path))
+    try:
+        return devmod.torch_load(path, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
+            AttributeError, ImportError, IndexError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError("{} '{}' is not a readable PyTorch checkpoint ({})".format(what, path, first[:200]))
+
+
+def state_dict_of(obj, path):
+    sd = obj.get("state_dict", obj) if isinstance(obj, dict) else None
+    if not isinstance(sd, dict) or not sd or not all(torch.is_tensor(v) for v in sd.values()):
+        raise UsageError("'{}' holds no model state dict".format(path))
+    return strip_module(sd)
+
+
+def load_weights_into(model, path):
+    """--pretrained / registry weights: strict load with a one-line explanation on mismatch."""
+    sd = state_dict_of(read(path, "weights file"), path)
+    own = model.state_dict()
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append("shape differs for {} (e.g. {}: file {} vs model {})".format(
+                len(shapes), shapes[0], tuple(sd[shapes[0]].shape), tuple(own[shapes[0]].shape)))
+        if missing:
+            parts.append("{} missing (e.g. {})".format(len(missing), missing[0]))
+        if unexpected:
+            parts.append("{} unexpected (e.g. {})".format(len(unexpected), unexpected[0]))
+        raise UsageError("weights '{}' do not fit this model: {}; check --arch and --num-classes".format(
+            path, "; ".join(parts)))
+    model.load_state_dict(sd, strict=True)
+
+
+def resolve_resume(resume, output_dir):
+    """--resume PATH | auto -> a path, or None (auto with nothing to resume)."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        path = os.path.join(output_dir, CHECKPOINT)
+        return path if os.path.isfile(path) else None
+    return resume
+
+
+def load_training_checkpoint(path, arch):
+    ckpt = read(path)
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "epoch" not in ckpt:
+        raise UsageError("'{}' is a weights file, not a training checkpoint (no epoch/optimizer state); "
+                         "use --pretrained for weights".format(path))
+    if ckpt.get("arch") not in (None, arch):
+        raise UsageError("'{}' is a checkpoint of --arch {}, not {}".format(path, ckpt.get("arch"), arch))
+    return ckpt
+
+
+def rng_states(device):
+    return {"torch": torch.get_rng_state(), "device": device.rng_state(), "python": random.getstate()}
+
+
+def restore_rng(states, device):
+    if not states:
+        return
+    if states.get("torch") is not None:
+        torch.set_rng_state(states["torch"])
+    if states.get("device") is not None:
+        try:
+            device.set_rng_state(states["device"])
+        except Exception:
+            pass  # a checkpoint from another device kind
+    if states.get("python") is not None:
+        py = states["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))

@@ -1,0 +1,347 @@
+"""Command line -> validated, frozen ``Config``.
+
+Everything the run needs flows down as one immutable ``Config``; nothing mutates the
+argparse namespace after ``parse_config`` returns. pytorch/examples' flags keep their
+names and meanings; the additions are documented in ``--help`` and README.md.
+A recipe (``--recipe NAME``) supplies defaults; flags given on the command line win.
+"""
+import argparse
+import dataclasses
+import os
+import re
+from typing import Optional, Tuple
+
+from trainer.errors import UsageError
+
+DEVICES = ("auto", "npu", "cuda", "cpu")
+OPT_LEVELS = ("O1", "O2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    data: Optional[str]
+    arch: str
+    workers: int
+    epochs: int
+    start_epoch: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    print_freq: int
+    resume: Optional[str]
+    evaluate: bool
+    pretrained: Optional[str]
+    seed: Optional[int]
+    dummy: bool
+    device: str
+    device_index: Optional[int]
+    amp: bool
+    amp_impl: str
+    opt_level: str
+    loss_scale: Optional[float]  # None = dynamic
+    label_smoothing: float
+    lr_schedule: str
+    warmup_epochs: float
+    train_crop_size: int
+    val_resize_size: int
+    val_crop_size: int
+    channels_last: bool
+    num_classes: Optional[int]
+    output_dir: str
+    eval_freq: int
+    max_steps_per_epoch: Optional[int]
+    fps_warmup_steps: int
+    zero_init_residual: bool
+    recipe: Optional[str]
+    profile_steps: Optional[Tuple[int, int]]
+    profile_stop: bool
+    # distributed (see trainer/distributed.py)
+    launch: str  # single | spawn | process
+    world_size: int  # total processes (spawn: known once the devices are counted)
+    rank: int  # global rank (spawn parent: this node's first rank)
+    nodes: int
+    node_rank: int
+    procs_per_node: int
+    dist_url: Optional[str]
+    dist_backend: Optional[str]
+    multiprocessing_distributed: bool
+    device_list: Optional[Tuple[int, ...]]
+    addr: Optional[str]
+    port: Optional[int]
+    local_rank: Optional[int]
+    sync_bn: bool
+    broadcast_buffers: bool
+    dist_timeout: float
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+def _positive_int(name):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("{} must be a whole number, got '{}'".format(name, text))
+        if value < 1:
+            raise argparse.ArgumentTypeError("{} must be at least 1, got {}".format(name, value))
+        return value
+    return parse
+
+
+def _nonneg_int(name):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("{} must be a whole number, got '{}'".format(name, text))
+        if value < 0:
+            raise argparse.ArgumentTypeError("{} must be 0 or more, got {}".format(name, value))
+        return value
+    return parse
+
+
+def _nonneg_float(name):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("{} must be a number, got '{}'".format(name, text))
+        if not value >= 0:  # also rejects nan
+            raise argparse.ArgumentTypeError("{} must not be negative, got {}".format(name, text))
+        return value
+    return parse
+
+
+def parse_loss_scale(text):
+    """``dynamic`` -> None; a positive number -> float."""
+    if str(text).lower() == "dynamic":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
+    return value
+
+
+def parse_device_list(text):
+    """``0-7``, ``0,1,2,3``, ``0-3,6`` -> (0, 1, ...); duplicates and bad ranges rejected."""
+    ids = []
+    for part in str(text).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise argparse.ArgumentTypeError(
+                "--device-list: '{}' is not a device id or range (use e.g. 0-7, 0,1,2,3 or 0-3,6)".format(part))
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise argparse.ArgumentTypeError(
+                "--device-list: range '{}' runs backwards (write {}-{})".format(part, hi, lo))
+        ids.extend(range(lo, hi + 1))
+    if len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError("--device-list: '{}' names a device twice".format(text))
+    return tuple(ids)
+
+
+def parse_profile_steps(text):
+    m = re.fullmatch(r"(\d+):(\d+)", str(text).strip())
+    if not m or int(m.group(2)) <= int(m.group(1)):
+        raise argparse.ArgumentTypeError(
+            "--profile-steps must be START:END with END > START (global step numbers), got '{}'".format(text))
+    return (int(m.group(1)), int(m.group(2)))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser():
+    p = _Parser(
+        prog="main.py",
+        description="ImageNet-style training and evaluation on Ascend NPU, CUDA or CPU "
+                    "(a port of pytorch/examples' imagenet/main.py).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    from trainer import recipes  # local import: recipes reads a data file
+
+    g = p.add_argument_group("pytorch/examples flags")
+    g.add_argument("data", nargs="?", default=None, metavar="DIR",
+                   help="data set: an ImageNet-style folder with train/ and val/ (or tiny-imagenet-200)")
+    g.add_argument("--data", dest="data_opt", default=None, metavar="DIR", help="same as DIR")
+    g.add_argument("-a", "--arch", default="resnet50", metavar="ARCH",
+                   help="model architecture (see --list-models)")
+    g.add_argument("-j", "--workers", type=_nonneg_int("--workers"), default=4,
+                   help="data loading workers per process")
+    g.add_argument("--epochs", type=_positive_int("--epochs"), default=90, help="total epochs to run")
+    g.add_argument("--start-epoch", type=_nonneg_int("--start-epoch"), default=0,
+                   help="manual epoch number to start from (useful on restarts; --resume overrides it)")
+    g.add_argument("-b", "--batch-size", type=_positive_int("--batch-size"), default=256,
+                   help="GLOBAL batch size: divided evenly over all processes")
+    g.add_argument("--lr", "--learning-rate", dest="lr", type=_nonneg_float("--lr"), default=0.1,
+                   help="peak learning rate, used as given (pass it already scaled for the global batch)")
+    g.add_argument("--momentum", type=_nonneg_float("--momentum"), default=0.9)
+    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=_nonneg_float("--wd"), default=1e-4)
+    g.add_argument("-p", "--print-freq", type=_positive_int("--print-freq"), default=10,
+                   help="print every N steps")
+    g.add_argument("--resume", default=None, metavar="PATH",
+                   help="checkpoint to continue from, or 'auto' for the newest one in --output-dir")
+    g.add_argument("-e", "--evaluate", action="store_true", help="evaluate the model on val/ and stop")
+    g.add_argument("--pretrained", default=None, metavar="FILE",
+                   help="initial weights: a local state dict or checkpoint file (nothing is downloaded)")
+    g.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
+    g.add_argument("--gpu", type=_nonneg_int("--gpu"), default=None,
+                   help="device index for a single-process run (any device kind)")
+    g.add_argument("--dummy", action="store_true",
+                   help="synthetic batches made on the device (no decoding): for FPS runs")
+
+    d = p.add_argument_group("device and precision")
+    d.add_argument("--device", choices=DEVICES, default="auto",
+                   help="auto: npu if torch_npu sees one, else cuda, else cpu")
+    d.add_argument("--amp", action="store_true",
+                   help="mixed precision: float16 on NPU/CUDA, bfloat16 on CPU")
+    d.add_argument("--amp-impl", choices=("native", "apex"), default="native",
+                   help="native autocast + GradScaler, or (NVIDIA/Ascend) apex.amp")
+    d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
+                   help="apex opt level, O1 or O2 (apex only)")
+    d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,
+                   default=None, metavar="N|dynamic", help="static loss scale, or dynamic (default)")
+    d.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+
+    t = p.add_argument_group("recipe")
+    t.add_argument("--recipe", default=None, metavar="NAME",
+                   help="defaults from a published recipe: " + ", ".join(recipes.names()))
+    t.add_argument("--label-smoothing", type=_nonneg_float("--label-smoothing"), default=0.0)
+    t.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
+                   help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step")
+    t.add_argument("--warmup-epochs", type=_nonneg_float("--warmup-epochs"), default=0.0,
+                   help="linear LR warm-up, in epochs (fractions allowed)")
+    t.add_argument("--train-crop-size", type=_positive_int("--train-crop-size"), default=224)
+    t.add_argument("--val-resize-size", type=_positive_int("--val-resize-size"), default=256)
+    t.add_argument("--val-crop-size", type=_positive_int("--val-crop-size"), default=224)
+    t.add_argument("--num-classes", type=_positive_int("--num-classes"), default=None,
+                   help="classifier outputs (default: the number of class folders; 1000 with --dummy)")
+    t.add_argument("--zero-init-residual", action="store_true",
+                   help="ResNet: zero the last BN gamma of each residual block")
+
+    o = p.add_argument_group("run control and outputs")
+    o.add_argument("--output-dir", default=".", metavar="DIR",
+                   help="checkpoints and summary.json go here")
+    o.add_argument("--eval-freq", type=_positive_int("--eval-freq"), default=1,
+                   help="validate every N epochs (and always after the last)")
+    o.add_argument("--max-steps-per-epoch", type=_positive_int("--max-steps-per-epoch"), default=None,
+                   help="cap the training steps per epoch (performance runs)")
+    o.add_argument("--fps-warmup-steps", type=_nonneg_int("--fps-warmup-steps"), default=5,
+                   help="steps at the start of each epoch left out of the FPS figure")
+    o.add_argument("--profile-steps", type=parse_profile_steps, default=None, metavar="START:END",
+                   help="record global steps START..END-1 with the profiler into --output-dir")
+    o.add_argument("--profile-stop", action="store_true",
+                   help="stop the run after the profiled steps")
+    o.add_argument("--list-models", action="store_true", help="print the model names and exit")
+
+    m = p.add_argument_group("distributed")
+    m.add_argument("--world-size", type=int, default=-1,
+                   help="number of nodes (with --multiprocessing-distributed) or of processes")
+    m.add_argument("--rank", type=int, default=-1,
+                   help="node rank (with --multiprocessing-distributed) or process rank")
+    m.add_argument("--dist-url", default=None, help="tcp://HOST:PORT or env:// (default: env:// from --addr/--port)")
+    m.add_argument("--dist-backend", "--dist_backend", dest="dist_backend", default=None,
+                   help="process-group backend (default: hccl on NPU, nccl on CUDA, gloo on CPU)")
+    m.add_argument("--multiprocessing-distributed", action="store_true",
+                   help="spawn one process per device of --device-list on this node")
+    m.add_argument("--device-list", "--device_list", dest="device_list", type=parse_device_list,
+                   default=None, metavar="IDS", help="devices to use: 0-7, 0,1,2,3 or 0-3,6 (default: all visible)")
+    m.add_argument("--addr", default=None, help="master address (MASTER_ADDR)")
+    m.add_argument("--port", type=int, default=None, help="master port (MASTER_PORT); 0 picks a free one")
+    m.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None,
+                   help="set by torch.distributed.launch; torchrun sets LOCAL_RANK instead")
+    m.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm across processes")
+    m.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
+                   help="DDP: do not broadcast BN buffers from rank 0 each step")
+    m.add_argument("--dist-timeout", type=_positive_int("--dist-timeout"), default=1800,
+                   help="seconds a collective may wait before the job fails")
+    return p
+
+
+_UNSET = object()
+
+
+def _explicit_dests(argv):
+    """Destinations the user set on the command line (so recipes never override them)."""
+    probe = build_parser()
+    probe.set_defaults(**{a.dest: _UNSET for a in probe._actions if a.dest != "help"})
+    return {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
+
+
+def parse_config(argv=None, env=None):
+    """Parse and validate; raise UsageError (one line) on bad input."""
+    from trainer import recipes
+
+    env = os.environ if env is None else env
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.list_models:
+        return None, ns
+    if ns.recipe is not None:
+        explicit = _explicit_dests(argv)
+        values = recipes.flag_defaults(ns.recipe)
+        parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
+        ns = parser.parse_args(argv)
+    return validate(ns, env), ns
+
+
+def validate(ns, env):
+    if ns.data and ns.data_opt and os.path.abspath(ns.data) != os.path.abspath(ns.data_opt):
+        raise UsageError("DIR '{}' and --data '{}' disagree: give the data set once".format(ns.data, ns.data_opt))
+    data = ns.data or ns.data_opt
+    if not ns.dummy and not data:
+        raise UsageError("no data set given: pass DIR (an ImageNet-style folder) or --dummy for synthetic data")
+    if ns.opt_level not in OPT_LEVELS:
+        raise UsageError("--opt-level must be O1 or O2, got '{}'".format(ns.opt_level))
+    if ns.val_crop_size > ns.val_resize_size:
+        raise UsageError("--val-crop-size {} is larger than --val-resize-size {}: crop must fit in the resized image"
+                         .format(ns.val_crop_size, ns.val_resize_size))
+    if ns.label_smoothing >= 1.0:
+        raise UsageError("--label-smoothing must be below 1, got {}".format(ns.label_smoothing))
+    if ns.warmup_epochs > ns.epochs:
+        raise UsageError("--warmup-epochs {} exceeds --epochs {}".format(ns.warmup_epochs, ns.epochs))
+    if ns.start_epoch >= ns.epochs and not ns.evaluate:
+        raise UsageError("--start-epoch {} leaves nothing to train with --epochs {}".format(ns.start_epoch, ns.epochs))
+    if ns.amp_impl == "apex" and not ns.amp:
+        raise UsageError("--amp-impl apex needs --amp")
+    if ns.profile_stop and ns.profile_steps is None:
+        raise UsageError("--profile-stop needs --profile-steps START:END")
+    if ns.recipe is not None:
+        from trainer import recipes
+        recipes.get(ns.recipe)  # raises UsageError for unknown names
+    from trainer import distributed
+    dist = distributed.resolve_launch(ns, env)
+    return Config(
+        data=data, arch=ns.arch, workers=ns.workers, epochs=ns.epochs, start_epoch=ns.start_epoch,
+        batch_size=ns.batch_size, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
+        print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, pretrained=ns.pretrained,
+        seed=ns.seed, dummy=ns.dummy, device=ns.device, device_index=ns.gpu, amp=ns.amp,
+        amp_impl=ns.amp_impl, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
+        label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
+        train_crop_size=ns.train_crop_size, val_resize_size=ns.val_resize_size,
+        val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, num_classes=ns.num_classes,
+        output_dir=ns.output_dir, eval_freq=ns.eval_freq, max_steps_per_epoch=ns.max_steps_per_epoch,
+        fps_warmup_steps=ns.fps_warmup_steps, zero_init_residual=ns.zero_init_residual,
+        recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
+        launch=dist["launch"], world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
+        node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"], dist_url=dist["dist_url"],
+        dist_backend=ns.dist_backend, multiprocessing_distributed=ns.multiprocessing_distributed,
+        device_list=ns.device_list, addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
+        sync_bn=ns.sync_bn, broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout),
+    )

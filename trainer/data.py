@@ -1,0 +1,380 @@
+"""Data: image folders, fixed-shape loaders, padded validation, synthetic batches.
+
+Shapes never change (operators compile per shape on NPU):
+- training drops the last incomplete batch (``drop_last=True``);
+- validation pads its last batch to full size and returns a ``valid`` mask, so every
+  metric counts each validation image exactly once (no image dropped, none doubled,
+  also when sharded over processes).
+
+Workers decode and augment into uint8 tensors; normalisation happens on the device
+(``Normalizer``), so host->device copies are a quarter of the float32 size.
+
+Augmentation is seeded per sample from (seed, epoch, index): a seeded run gives the same
+batches whatever the worker count, and a resumed run continues exactly as an
+uninterrupted one would.
+
+A corrupt or truncated image stops the run with an error naming the file (exit code 2):
+accuracy baselines must be trained on the full data set, never silently on less.
+"""
+import math
+import os
+
+import torch
+from PIL import Image
+
+from trainer.errors import DataError
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+# pytorch/examples' synthetic data sizes (--dummy)
+DUMMY_TRAIN_IMAGES = 1281167
+DUMMY_VAL_IMAGES = 50000
+
+
+class BadImageError(DataError):
+    pass
+
+
+# ---------------------------------------------------------------- layouts
+
+
+def _visible_dirs(path):
+    return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+
+
+def _images_under(path):
+    out = []
+    for root, dirs, files in os.walk(path, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
+                out.append(os.path.join(root, name))
+    return out
+
+
+def _is_tiny_imagenet_val(val_dir):
+    return (os.path.isfile(os.path.join(val_dir, "val_annotations.txt"))
+            and os.path.isdir(os.path.join(val_dir, "images")))
+
+
+def check_data_root(root, need_train=True):
+    if not os.path.exists(root):
+        raise DataError("data directory '{}' does not exist".format(root))
+    if not os.path.isdir(root):
+        raise DataError("data path '{}' is not a directory".format(root))
+    if not os.listdir(root):
+        raise DataError("data directory '{}' is empty: it needs train/ and val/ subfolders".format(root))
+    for sub in (("train", "val") if need_train else ("val",)):
+        if not os.path.isdir(os.path.join(root, sub)):
+            raise DataError("data directory '{}' has no {}/ folder (expected {}/train/<class>/*.JPEG "
+                            "and {}/val/<class>/*.JPEG)".format(root, sub, root, root))
+
+
+def find_classes(train_dir):
+    classes = _visible_dirs(train_dir)
+    if not classes:
+        raise DataError("'{}' holds no class folders".format(train_dir))
+    return classes
+
+
+def scan_train(train_dir, classes):
+    samples = []
+    for idx, name in enumerate(classes):
+        files = _images_under(os.path.join(train_dir, name))
+        if not files:
+            raise DataError("class folder '{}' holds no images ({})".format(
+                os.path.join(train_dir, name), "/".join(IMG_EXTENSIONS)))
+        samples.extend((f, idx) for f in files)
+    return samples
+
+
+def scan_val(val_dir, class_to_idx):
+    """Validation samples labelled with the TRAINING set's class map."""
+    if _is_tiny_imagenet_val(val_dir):
+        return _scan_tiny_val(val_dir, class_to_idx)
+    val_classes = _visible_dirs(val_dir)
+    missing = sorted(set(class_to_idx) - set(val_classes))
+    extra = sorted(set(val_classes) - set(class_to_idx))
+    if extra:
+        raise DataError("val/ has class folder(s) not in train/: {}".format(_names(extra)))
+    if missing:
+        raise DataError("val/ lacks class folder(s) that train/ has: {}".format(_names(missing)))
+    samples = []
+    for name in val_classes:
+        samples.extend((f, class_to_idx[name]) for f in _images_under(os.path.join(val_dir, name)))
+    if not samples:
+        raise DataError("'{}' holds no images".format(val_dir))
+    return samples
+
+
+def _scan_tiny_val(val_dir, class_to_idx):
+    samples = []
+    ann = os.path.join(val_dir, "val_annotations.txt")
+    with open(ann) as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.strip().split("\t")
+            if not fields or not fields[0]:
+                continue
+            if len(fields) < 2:
+                raise DataError("{}:{}: expected 'FILE<tab>WNID', got '{}'".format(ann, lineno, line.strip()))
+            name, wnid = fields[0], fields[1]
+            if wnid not in class_to_idx:
+                raise DataError("{}:{}: class '{}' is not in train/".format(ann, lineno, wnid))
+            path = os.path.join(val_dir, "images", name)
+            if not os.path.isfile(path):
+                raise DataError("{}:{}: image '{}' does not exist".format(ann, lineno, path))
+            samples.append((path, class_to_idx[wnid]))
+    if not samples:
+        raise DataError("'{}' lists no images".format(ann))
+    return samples
+
+
+def _names(names, limit=5):
+    shown = ", ".join(names[:limit])
+    return shown + (" and {} more".format(len(names) - limit) if len(names) > limit else "")
+
+
+# ---------------------------------------------------------------- datasets
+
+
+def load_rgb(path):
+    try:
+        with open(path, "rb") as f:
+            img = Image.open(f)
+            return img.convert("RGB")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise BadImageError("cannot decode image '{}' ({}): remove or replace the file".format(
+            path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+
+
+def sample_seed(base_seed, epoch, index):
+    return (base_seed * 6364136223846793005 + epoch * 1442695040888963407 + index) % (2 ** 63)
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """(path, class) samples -> (uint8 CHW tensor, class).
+
+    Indices may come as plain ints or as (index, seed) pairs from ``EpochSampler``;
+    with a seed the augmentation of that sample is reproducible.
+    """
+
+    def __init__(self, samples, transform):
+        self.samples = samples
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, item):
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        path, target = self.samples[index]
+        img = load_rgb(path)
+        if seed is not None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return self.transform(img), target
+        return self.transform(img), target
+
+
+class PaddedEvalDataset(torch.utils.data.Dataset):
+    """Pads ``dataset`` to ``length`` items; returns (image, target, valid)."""
+
+    def __init__(self, dataset, length, image_shape):
+        self.dataset = dataset
+        self.length = length
+        self.image_shape = image_shape
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, index):
+        if index < len(self.dataset):
+            img, target = self.dataset[index]
+            return img, target, True
+        return torch.zeros(self.image_shape, dtype=torch.uint8), 0, False
+
+
+def padded_length(n, batch_per_rank, world_size):
+    chunk = batch_per_rank * world_size
+    return int(math.ceil(n / float(chunk))) * chunk
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Shuffled, sharded training order for one epoch: yields (index, sample seed).
+
+    Like DistributedSampler with drop_last=True: each rank gets len // world items,
+    distinct across ranks; the order depends on (seed, epoch) only.
+    """
+
+    def __init__(self, n, seed, rank=0, world_size=1):
+        self.n, self.seed, self.rank, self.world_size = n, seed, rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n // self.world_size
+
+    def __iter__(self):
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=g).tolist()
+        total = len(self) * self.world_size
+        for index in order[self.rank:total:self.world_size]:
+            yield index, sample_seed(self.seed, self.epoch, index)
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """Strided shard of range(n): each index on exactly one rank."""
+
+    def __init__(self, n, rank=0, world_size=1):
+        self.indices = list(range(rank, n, world_size))
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+
+# ---------------------------------------------------------------- transforms
+
+
+def train_transform(crop):
+    from torchvision import transforms
+    return transforms.Compose([
+        transforms.RandomResizedCrop(crop),
+        transforms.RandomHorizontalFlip(),
+        transforms.PILToTensor(),
+    ])
+
+
+def val_transform(resize, crop):
+    from torchvision import transforms
+    return transforms.Compose([
+        transforms.Resize(resize),
+        transforms.CenterCrop(crop),
+        transforms.PILToTensor(),
+    ])
+
+
+class Normalizer:
+    """uint8 NCHW batch (host or device) -> normalised float32 on the device."""
+
+    def __init__(self, device, channels_last=False):
+        self.device = device
+        self.channels_last = channels_last
+        shape = (1, 3, 1, 1)
+        self.mean = device.move(torch.tensor(MEAN).mul(255).view(shape))
+        self.std = device.move(torch.tensor(STD).mul(255).view(shape))
+
+    def __call__(self, images):
+        x = self.device.move(images).float().sub_(self.mean).div_(self.std)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+
+# ---------------------------------------------------------------- synthetic data
+
+
+class SyntheticLoader:
+    """``steps`` identical batches made once on the device (no decoding, no copies)."""
+
+    def __init__(self, device, batch, steps, image_size, num_classes, with_mask=False, valid=None):
+        g = torch.Generator().manual_seed(0)
+        self.images = device.move(torch.randint(0, 256, (batch, 3, image_size, image_size),
+                                                generator=g, dtype=torch.uint8))
+        self.target = device.move(torch.randint(0, num_classes, (batch,), generator=g))
+        self.steps = steps
+        self.with_mask = with_mask
+        self.last_valid = valid  # number of valid images in the last batch (validation)
+        self.batch = batch
+        self.sampler = None
+        self.device = device
+
+    def __len__(self):
+        return self.steps
+
+    def __iter__(self):
+        full = self.device.move(torch.ones(self.batch, dtype=torch.bool))
+        for i in range(self.steps):
+            if not self.with_mask:
+                yield self.images, self.target
+            else:
+                mask = full
+                if i == self.steps - 1 and self.last_valid is not None:
+                    mask = self.device.move(torch.arange(self.batch) < self.last_valid)
+                yield self.images, self.target, mask
+
+
+# ---------------------------------------------------------------- loaders
+
+
+class DataInfo:
+    def __init__(self, num_classes, classes, train_images, val_images, layout):
+        self.num_classes = num_classes
+        self.classes = classes
+        self.train_images = train_images
+        self.val_images = val_images
+        self.layout = layout
+
+
+def _loader(dataset, batch, sampler, workers, pin_memory, drop_last):
+    kwargs = {}
+    if workers > 0:
+        kwargs["persistent_workers"] = True
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch, sampler=sampler, num_workers=workers,
+        pin_memory=pin_memory, drop_last=drop_last, **kwargs)
+
+
+def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_train=True):
+    """(train_loader or None, val_loader, DataInfo)."""
+    if cfg.dummy:
+        return _build_dummy(cfg, device, batch_per_rank, rank, world_size, need_train)
+    root = cfg.data
+    check_data_root(root, need_train=need_train)
+    train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
+    have_train = os.path.isdir(train_dir)
+    classes = find_classes(train_dir if have_train else val_dir)
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    val_samples = scan_val(val_dir, class_to_idx)
+    layout = "tiny-imagenet" if _is_tiny_imagenet_val(val_dir) else "imagenet"
+    train_loader, n_train = None, 0
+    if need_train:
+        train_samples = scan_train(train_dir, classes)
+        n_train = len(train_samples)
+        if n_train // world_size < batch_per_rank:
+            raise DataError("train/ has {} images: too few for one batch of {} per process x {} processes "
+                            "(drop_last keeps shapes fixed); lower --batch-size".format(
+                                n_train, batch_per_rank, world_size))
+        train_ds = ImageDataset(train_samples, train_transform(cfg.train_crop_size))
+        sampler = EpochSampler(n_train, seed, rank, world_size)
+        train_loader = _loader(train_ds, batch_per_rank, sampler, workers, device.pin_memory, True)
+    val_ds = ImageDataset(val_samples, val_transform(cfg.val_resize_size, cfg.val_crop_size))
+    padded = PaddedEvalDataset(val_ds, padded_length(len(val_ds), batch_per_rank, world_size),
+                               (3, cfg.val_crop_size, cfg.val_crop_size))
+    val_loader = _loader(padded, batch_per_rank, ShardSampler(len(padded), rank, world_size),
+                         workers, device.pin_memory, False)
+    info = DataInfo(len(classes), classes, n_train, len(val_ds), layout)
+    return train_loader, val_loader, info
+
+
+def _build_dummy(cfg, device, batch_per_rank, rank, world_size, need_train):
+    num_classes = cfg.num_classes or 1000
+    train_steps = DUMMY_TRAIN_IMAGES // (batch_per_rank * world_size)
+    train = None
+    if need_train:
+        train = SyntheticLoader(device, batch_per_rank, train_steps, cfg.train_crop_size, num_classes)
+    n_pad = padded_length(DUMMY_VAL_IMAGES, batch_per_rank, world_size)
+    steps = n_pad // (batch_per_rank * world_size)
+    # Shard DUMMY_VAL_IMAGES over ranks the way ShardSampler does: rank r owns the
+    # indices r, r + world, ...; only its last batch can hold padding.
+    owned = len(range(rank, DUMMY_VAL_IMAGES, world_size))
+    last_valid = owned - (steps - 1) * batch_per_rank
+    val = SyntheticLoader(device, batch_per_rank, steps, cfg.val_crop_size, num_classes,
+                          with_mask=True, valid=max(0, min(batch_per_rank, last_valid)))
+    return train, val, DataInfo(num_classes, None, DUMMY_TRAIN_IMAGES, DUMMY_VAL_IMAGES, "synthetic")

@@ -1,0 +1,281 @@
+"""Process launch and collectives.
+
+Launch modes, one behaviour:
+  spawn    ``--multiprocessing-distributed``: this process starts one process per device of
+           ``--device-list`` (default: all visible) and supervises them; ``--world-size`` is
+           the number of nodes and ``--rank`` this node's rank (pytorch/examples' meaning).
+  process  this process is one rank started by someone else: torchrun /
+           ``python -m torch.distributed.launch`` (RANK, WORLD_SIZE, LOCAL_RANK or
+           ``--local_rank``), a shell loop (RANK_ID, RANK_SIZE, LOCAL_RANK: the Ascend
+           scripts' way), or by hand (``--world-size N --rank R`` = processes and rank).
+  single   one process, no process group.
+
+Batch and LR: ``-b`` is the GLOBAL batch; each process gets ``b / world_size`` (it must
+divide). ``--lr`` is used as given: recipes pass the LR already scaled for the global
+batch. ``-j`` is per node and is split over the node's processes.
+
+Rendezvous is ``env://`` by default with MASTER_ADDR/MASTER_PORT from ``--addr``/``--port``
+(or the environment; defaults 127.0.0.1:29688, the Ascend guide's port); ``--dist-url``
+overrides. The backend follows the device (hccl / nccl / gloo); ``--dist-backend`` overrides.
+"""
+import datetime
+import os
+import signal
+import socket
+import sys
+
+import torch
+
+from trainer import device as devmod
+from trainer.errors import UsageError
+
+DEFAULT_PORT = 29688
+
+
+def _env_int(env, name):
+    try:
+        return int(env[name])
+    except ValueError:
+        raise UsageError("environment variable {}='{}' is not a whole number".format(name, env[name]))
+
+
+def resolve_launch(ns, env):
+    """Work out this process's place in the job from flags and environment (no side effects)."""
+    addr = ns.addr or env.get("MASTER_ADDR") or "127.0.0.1"
+    port = ns.port if ns.port is not None else (
+        _env_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_PORT)
+    if not 0 <= port <= 65535:
+        raise UsageError("--port must be 0-65535, got {}".format(port))
+    url = ns.dist_url or "env://"
+    if not url.startswith(("env://", "tcp://", "file://")):
+        raise UsageError("--dist-url must be env://, tcp://HOST:PORT or file://PATH, got '{}'".format(url))
+    local_rank = ns.local_rank
+    if local_rank is None and env.get("LOCAL_RANK"):
+        local_rank = _env_int(env, "LOCAL_RANK")
+    torchrun = "RANK" in env and "WORLD_SIZE" in env
+    shell_loop = "RANK_SIZE" in env
+    out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
+           "nodes": 1, "node_rank": 0, "procs_per_node": 1}
+    if ns.multiprocessing_distributed:
+        if torchrun:
+            raise UsageError("--multiprocessing-distributed under torchrun: torchrun already starts one "
+                             "process per device; drop the flag")
+        nodes = ns.world_size if ns.world_size > 0 else 1
+        node_rank = ns.rank if ns.rank >= 0 else 0
+        if node_rank >= nodes:
+            raise UsageError("--rank {} (node rank) must be below --world-size {} (nodes)".format(node_rank, nodes))
+        if nodes > 1 and port == 0:
+            raise UsageError("--port 0 (pick a free port) works on one node only; give all nodes the same --port")
+        procs = len(ns.device_list) if ns.device_list else None
+        out.update(launch="spawn", nodes=nodes, node_rank=node_rank, procs_per_node=procs or 0,
+                   world_size=nodes * procs if procs else 0, rank=node_rank * (procs or 0))
+    elif torchrun or shell_loop:
+        if torchrun:
+            world, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
+            per_node = _env_int(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world
+        else:
+            world = _env_int(env, "RANK_SIZE")
+            rank = _env_int(env, "RANK") if env.get("RANK") else (
+                _env_int(env, "RANK_ID") if env.get("RANK_ID") else 0)
+            per_node = world
+        if local_rank is None:
+            local_rank = _env_int(env, "RANK_ID") if env.get("RANK_ID") else rank % per_node
+        if world < 1 or not 0 <= rank < world:
+            raise UsageError("rank {} is outside a world of {} processes (check RANK/WORLD_SIZE or "
+                             "RANK_ID/RANK_SIZE)".format(rank, world))
+        out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
+                   local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
+                   node_rank=rank // per_node)
+    elif ns.world_size > 1 or ns.rank >= 0:
+        world = ns.world_size
+        if world < 1 or not 0 <= ns.rank < world:
+            raise UsageError("--world-size {} with --rank {}: the rank must be 0..world-1 (without "
+                             "--multiprocessing-distributed these count processes)".format(world, ns.rank))
+        out.update(launch="process" if world > 1 else "single", world_size=world, rank=ns.rank,
+                   local_rank=local_rank if local_rank is not None else 0, procs_per_node=1,
+                   nodes=world, node_rank=ns.rank)
+    else:
+        out.update(launch="single", world_size=1, rank=0, local_rank=local_rank if local_rank is not None else 0)
+    if out["launch"] != "single" and ns.gpu is not None:
+        raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
+    if out["world_size"] and ns.batch_size % out["world_size"]:
+        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
+            ns.batch_size, out["world_size"], out["world_size"]))
+    return out
+
+
+def device_index(cfg):
+    """The device this process uses: its slot of --device-list, or --gpu, or its local rank."""
+    slot = cfg.local_rank or 0
+    if cfg.device_list:
+        if slot >= len(cfg.device_list):
+            raise UsageError("local rank {} has no entry in --device-list {} ({} entries)".format(
+                slot, ",".join(map(str, cfg.device_list)), len(cfg.device_list)))
+        return cfg.device_list[slot]
+    if cfg.device_index is not None:
+        return cfg.device_index
+    return slot
+
+
+def check_devices(cfg, kind):
+    """Before any process starts: the device list exists on this machine."""
+    ids = cfg.device_list
+    if kind == "cpu" or not ids:
+        return
+    visible = devmod.count(kind)
+    env = devmod.visible_devices_env(kind)
+    if kind == "npu" and os.environ.get(env):
+        listed = [s.strip() for s in os.environ[env].split(",") if s.strip()]
+        if any(not s.isdigit() for s in listed) or [int(s) for s in listed] != sorted(int(s) for s in listed):
+            raise UsageError("{}={} must list devices in ascending order (the Ascend runtime fails to map "
+                             "them otherwise)".format(env, os.environ[env]))
+    bad = [i for i in ids if i >= visible]
+    if bad:
+        raise UsageError("--device-list asks for {} device {} but {} visible (ids 0-{}){}".format(
+            kind, bad[0], visible, visible - 1,
+            " under {}={}".format(env, os.environ[env]) if env and os.environ.get(env) else ""))
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            raise UsageError("port {} is in use: pass --port N with a free port, or --port 0 to pick one".format(port))
+
+
+# ---------------------------------------------------------------- spawn
+
+
+def spawn(cfg, kind, worker):
+    """--multiprocessing-distributed: one process per device, supervised.
+
+    If any rank fails, the others are stopped and this returns its exit code (2 for a
+    user error, 1 otherwise); Ctrl-C stops all of them.
+    """
+    ids = cfg.device_list or tuple(range(devmod.count(kind) if kind != "cpu" else 1))
+    nprocs = len(ids)
+    world = cfg.nodes * nprocs
+    if cfg.batch_size % world:
+        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
+            cfg.batch_size, world, world))
+    port = cfg.port
+    if cfg.dist_url.startswith("env://") and cfg.node_rank == 0:
+        if port == 0:
+            port = free_port()
+        else:
+            check_port_free(port)
+    child = cfg.replace(device_list=tuple(ids), world_size=world, procs_per_node=nprocs,
+                        rank=cfg.node_rank * nprocs, port=port)
+    import torch.multiprocessing as mp
+    ctx = mp.start_processes(_spawn_entry, args=(child, worker), nprocs=nprocs, join=False,
+                             start_method="spawn")
+    try:
+        while not ctx.join():
+            pass
+    except KeyboardInterrupt:
+        _terminate(ctx.processes)
+        sys.stderr.write("error: interrupted; all ranks stopped\n")
+        return 130
+    except Exception as exc:  # ProcessRaisedException / ProcessExitedException
+        _terminate(ctx.processes)
+        index = getattr(exc, "error_index", "?")
+        code = getattr(exc, "exit_code", None)
+        if code == 2:
+            return 2  # the rank printed its one-line error already
+        how = "exit code {}".format(code) if code is not None and code >= 0 else (
+            "signal {}".format(-code) if code is not None else "an exception")
+        sys.stderr.write("error: local rank {} failed ({}); stopped the other ranks\n".format(index, how))
+        return 1
+    return 0
+
+
+def _terminate(processes, grace=10.0):
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(grace)
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+
+
+def _spawn_entry(local_index, cfg, worker):
+    cfg = cfg.replace(local_rank=local_index, rank=cfg.rank + local_index)
+    code = worker(cfg)
+    if code:
+        sys.exit(code)
+
+
+# ---------------------------------------------------------------- collectives
+
+
+class Dist:
+    """This process's view of the job; a world of one needs no process group."""
+
+    def __init__(self, rank=0, world_size=1, active=False):
+        self.rank, self.world_size, self.active = rank, world_size, active
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    def all_reduce_sum(self, tensor):
+        if self.active:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+    def max(self, value, device):
+        if not self.active:
+            return value
+        t = device.move(torch.tensor([float(value)]))
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
+
+    def broadcast_int(self, value, device):
+        if not self.active:
+            return value
+        t = device.move(torch.tensor([int(value)], dtype=torch.int64 if device.kind != "npu" else torch.int32))
+        torch.distributed.broadcast(t, 0)
+        return int(t.item())
+
+    def barrier(self):
+        if self.active:
+            torch.distributed.barrier()
+
+    def close(self):
+        if self.active and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+            self.active = False
+
+
+def init(cfg, device):
+    """Join the process group (after the device is set); returns a Dist."""
+    if cfg.world_size <= 1 or cfg.launch == "single":
+        return Dist()
+    backend = cfg.dist_backend or device.dist_backend
+    if cfg.dist_url.startswith("env://"):
+        os.environ["MASTER_ADDR"] = cfg.addr
+        os.environ["MASTER_PORT"] = str(cfg.port)
+    try:
+        torch.distributed.init_process_group(
+            backend=backend, init_method=cfg.dist_url, world_size=cfg.world_size, rank=cfg.rank,
+            timeout=datetime.timedelta(seconds=cfg.dist_timeout))
+    except (RuntimeError, ValueError) as exc:
+        text = str(exc)
+        if "in use" in text.lower() or "EADDRINUSE" in text:
+            raise UsageError("port {} on {} is in use: pass --port N with a free port, or --port 0 to pick "
+                             "one".format(cfg.port, cfg.addr))
+        if "backend" in text.lower() and backend in text:
+            raise UsageError("distributed backend '{}' is not available in this torch ({})".format(
+                backend, text.splitlines()[0]))
+        raise
+    return Dist(cfg.rank, cfg.world_size, active=True)

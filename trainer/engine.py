@@ -1,0 +1,141 @@
+"""Train and validate loops.
+
+No host<->device synchronisation per step: losses and hit counts accumulate on the
+device and are read (and reduced over processes) only at print steps and at the end of
+an epoch. FPS is global images per second over the steps after ``--fps-warmup-steps``,
+timed between two device synchronisations; the time spent waiting for data is measured
+on the host and reported beside it.
+"""
+import time
+
+import torch
+
+from trainer import metrics
+from trainer.schedule import set_lr
+
+
+class Engine:
+    def __init__(self, model, criterion, optimizer, mp, device, dist, normalizer, schedule, cfg, log,
+                 profiler=None):
+        self.model = model  # possibly wrapped (DDP / apex)
+        self.criterion = criterion
+        self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=cfg.label_smoothing)
+        self.optimizer, self.mp, self.device, self.dist = optimizer, mp, device, dist
+        self.normalize, self.schedule, self.cfg, self.log = normalizer, schedule, cfg, log
+        self.profiler = profiler
+        self.stop_requested = False
+
+    def _targets(self, target):
+        return self.device.move(target).to(self.device.target_dtype)
+
+    def _reduce(self, t):
+        return self.dist.all_reduce_sum(t)
+
+    def train_one_epoch(self, loader, epoch, steps, eval_model=None):
+        """Returns a dict of the epoch's training metrics and timings (global)."""
+        cfg, dev = self.cfg, self.device
+        self.model.train()
+        if getattr(loader, "sampler", None) is not None and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        batch = None
+        sums = metrics.Sums(dev)
+        batch_time = metrics.AverageMeter("Time", ":6.3f")
+        data_time = metrics.AverageMeter("Data", ":6.3f")
+        losses = metrics.AverageMeter("Loss", ":.4e")
+        top1 = metrics.AverageMeter("Acc@1", ":6.2f")
+        top5 = metrics.AverageMeter("Acc@5", ":6.2f")
+        progress = metrics.ProgressMeter(steps, [batch_time, data_time, losses, top1, top5],
+                                         prefix="Epoch: [{}]".format(epoch))
+        warm = cfg.fps_warmup_steps if steps > cfg.fps_warmup_steps else 0
+        dev.synchronize()
+        t_epoch = t_mark = time.time()
+        t_fps = t_epoch if warm == 0 else None
+        wait_total = wait_mark = wait_fps = 0.0
+        last_print = 0
+        it = iter(loader)
+        for i in range(steps):
+            t0 = time.time()
+            images, target = next(it)
+            waited = time.time() - t0
+            wait_total += waited
+            if t_fps is not None:
+                wait_fps += waited
+            batch = images.shape[0]
+            set_lr(self.optimizer, self.schedule(epoch, i))
+            x, y = self.normalize(images), self._targets(target)
+            with self.mp.autocast():
+                output = self.model(x)
+                loss = self.criterion(output, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.mp.backward_step(loss, self.optimizer)
+            c1, c5 = metrics.correct_counts(output.detach(), y)
+            sums.add(loss.detach() * batch, c1, c5, batch)
+            if self.profiler is not None:
+                self.profiler.step(epoch * steps + i)
+                if self.profiler.stop_run:
+                    self.stop_requested = True
+            if i + 1 == warm:
+                dev.synchronize()
+                t_fps = time.time()
+            if i % cfg.print_freq == 0 or i == steps - 1 or self.stop_requested:
+                interval, running = sums.read(self._reduce)  # syncs the device
+                now = time.time()
+                n = i + 1 - last_print
+                batch_time.update((now - t_mark) / n, n)
+                data_time.update((wait_total - wait_mark) / n, n)
+                losses.val, losses.avg = interval["loss"], running["loss"]
+                top1.val, top1.avg = interval["acc1"], running["acc1"]
+                top5.val, top5.avg = interval["acc5"], running["acc5"]
+                self.log(progress.line(i + 1))
+                t_mark, wait_mark, last_print = now, wait_total, i + 1
+            if self.stop_requested:
+                steps = i + 1
+                break
+        dev.synchronize()
+        t_end = time.time()
+        timed_steps = steps - warm
+        elapsed = self.dist.max(t_end - (t_fps if t_fps is not None else t_epoch), dev)
+        _, running = sums.read(self._reduce)
+        global_batch = (batch or 0) * self.dist.world_size
+        return {
+            "steps": steps, "timed_steps": timed_steps, "timed_seconds": elapsed,
+            "fps": timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
+            "data_wait_seconds": wait_total, "seconds": t_end - t_epoch,
+            "loss": running["loss"], "acc1": running["acc1"], "acc5": running["acc5"],
+            "images": running["count"],
+        }
+
+    @torch.no_grad()
+    def validate(self, loader, model):
+        """Every image of the validation set counted exactly once (padding masked out)."""
+        cfg, dev = self.cfg, self.device
+        model.eval()
+        steps = len(loader)
+        sums = metrics.Sums(dev)
+        batch_time = metrics.AverageMeter("Time", ":6.3f")
+        losses = metrics.AverageMeter("Loss", ":.4e")
+        top1 = metrics.AverageMeter("Acc@1", ":6.2f")
+        top5 = metrics.AverageMeter("Acc@5", ":6.2f")
+        progress = metrics.ProgressMeter(steps, [batch_time, losses, top1, top5], prefix="Test: ")
+        t_mark, last_print = time.time(), 0
+        for i, (images, target, valid) in enumerate(loader):
+            x, y, m = self.normalize(images), self._targets(target), dev.move(valid)
+            with self.mp.autocast():
+                output = model(x)
+            per_sample = self.eval_criterion(output.float(), y.long() if dev.kind != "npu" else y)
+            c1, c5 = metrics.correct_counts(output, y, m)
+            sums.add((per_sample * m).sum(), c1, c5, m.sum())
+            if i % cfg.print_freq == 0 or i == steps - 1:
+                interval, running = sums.read(self._reduce)
+                now = time.time()
+                n = i + 1 - last_print
+                batch_time.update((now - t_mark) / n, n)
+                losses.val, losses.avg = interval["loss"], running["loss"]
+                top1.val, top1.avg = interval["acc1"], running["acc1"]
+                top5.val, top5.avg = interval["acc5"], running["acc5"]
+                self.log(progress.line(i + 1))
+                t_mark, last_print = now, i + 1
+        _, running = sums.read(self._reduce)
+        self.log(metrics.summary_line(running["acc1"], running["acc5"]))
+        return {"acc1": running["acc1"], "acc5": running["acc5"], "loss": running["loss"],
+                "images": running["count"]}

@@ -1,0 +1,46 @@
+"""summary.json: the run's results for machines (scripts read it; nobody greps it).
+
+Written at the end of every epoch (status "running"), at the end ("ok"), and on a
+failure ("failed", with the error) or Ctrl-C ("interrupted").
+"""
+import json
+import os
+import time
+
+from trainer import checkpoint, device as devmod
+
+SUMMARY = "summary.json"
+EVAL_SUMMARY = "eval_summary.json"
+
+
+class RunSummary:
+    def __init__(self, cfg, path):
+        self.path = path
+        self.t0 = time.time()
+        self.data = {
+            "status": "running", "error": None, "arch": cfg.arch, "device": None,
+            "world_size": cfg.world_size, "global_batch_size": cfg.batch_size,
+            "per_device_batch_size": None, "lr": cfg.lr, "epochs": cfg.epochs,
+            "epochs_completed": 0, "steps_per_epoch": None, "train_fps": None,
+            "train_step_time_ms": None, "data_time_fraction": None,
+            "train_acc1": None, "final_loss": None, "best_acc1": None, "final_acc1": None,
+            "final_acc5": None, "val_images": None, "val_loss": None, "e2e_seconds": None,
+            "amp": None, "channels_last": cfg.channels_last, "optimizer": None,
+            "checkpoint": None, "best_checkpoint": None, "data_layout": None,
+            "train_images": None, "num_classes": None, "recipe": cfg.recipe,
+            "versions": devmod.versions(), "config": cfg.as_dict(),
+        }
+
+    def update(self, **values):
+        self.data.update(values)
+
+    def write(self, status=None, error=None):
+        if status is not None:
+            self.data["status"] = status
+        if error is not None:
+            self.data["error"] = error
+        self.data["e2e_seconds"] = round(time.time() - self.t0, 3)
+        text = json.dumps(self.data, indent=2, sort_keys=False, default=str) + "\n"
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        checkpoint.atomic_write(self.path, lambda f: f.write(text.encode()))
