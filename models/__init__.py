@@ -31,7 +31,7 @@ def _torchvision_names():
 
 def _ensure_local_models():
     # Imported lazily so that importing the registry stays cheap.
-    from models import shufflenet_npu  # noqa: F401  (registers its builders)
+    from models import shufflenet_npu, tiny  # noqa: F401  (register their builders)
 
 
 def list_models():

@@ -44,6 +44,7 @@ class Config:
     lr_schedule: str
     warmup_epochs: float
     train_crop_size: int
+    crop_scale_min: float
     val_resize_size: int
     val_crop_size: int
     channels_last: bool
@@ -228,6 +229,8 @@ def build_parser():
     t.add_argument("--warmup-epochs", type=_nonneg_float("--warmup-epochs"), default=0.0,
                    help="linear LR warm-up, in epochs (fractions allowed)")
     t.add_argument("--train-crop-size", type=_positive_int("--train-crop-size"), default=224)
+    t.add_argument("--crop-scale-min", type=_nonneg_float("--crop-scale-min"), default=0.08,
+                   help="smallest area fraction RandomResizedCrop takes (torchvision: 0.08)")
     t.add_argument("--val-resize-size", type=_positive_int("--val-resize-size"), default=256)
     t.add_argument("--val-crop-size", type=_positive_int("--val-crop-size"), default=224)
     t.add_argument("--num-classes", type=_positive_int("--num-classes"), default=None,
@@ -312,6 +315,8 @@ def validate(ns, env):
     if ns.val_crop_size > ns.val_resize_size:
         raise UsageError("--val-crop-size {} is larger than --val-resize-size {}: crop must fit in the resized image"
                          .format(ns.val_crop_size, ns.val_resize_size))
+    if not 0 < ns.crop_scale_min <= 1:
+        raise UsageError("--crop-scale-min must be in (0, 1], got {}".format(ns.crop_scale_min))
     if ns.label_smoothing >= 1.0:
         raise UsageError("--label-smoothing must be below 1, got {}".format(ns.label_smoothing))
     if ns.warmup_epochs > ns.epochs:
@@ -334,7 +339,7 @@ def validate(ns, env):
         seed=ns.seed, dummy=ns.dummy, device=ns.device, device_index=ns.gpu, amp=ns.amp,
         amp_impl=ns.amp_impl, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
         label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
-        train_crop_size=ns.train_crop_size, val_resize_size=ns.val_resize_size,
+        train_crop_size=ns.train_crop_size, crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
         val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, num_classes=ns.num_classes,
         output_dir=ns.output_dir, eval_freq=ns.eval_freq, max_steps_per_epoch=ns.max_steps_per_epoch,
         fps_warmup_steps=ns.fps_warmup_steps, zero_init_residual=ns.zero_init_residual,

@@ -242,10 +242,10 @@ class ShardSampler(torch.utils.data.Sampler):
 # ---------------------------------------------------------------- transforms
 
 
-def train_transform(crop):
+def train_transform(crop, scale_min=0.08):
     from torchvision import transforms
     return transforms.Compose([
-        transforms.RandomResizedCrop(crop),
+        transforms.RandomResizedCrop(crop, scale=(scale_min, 1.0)),
         transforms.RandomHorizontalFlip(),
         transforms.PILToTensor(),
     ])
@@ -351,7 +351,7 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
             raise DataError("train/ has {} images: too few for one batch of {} per process x {} processes "
                             "(drop_last keeps shapes fixed); lower --batch-size".format(
                                 n_train, batch_per_rank, world_size))
-        train_ds = ImageDataset(train_samples, train_transform(cfg.train_crop_size))
+        train_ds = ImageDataset(train_samples, train_transform(cfg.train_crop_size, cfg.crop_scale_min))
         sampler = EpochSampler(n_train, seed, rank, world_size)
         train_loader = _loader(train_ds, batch_per_rank, sampler, workers, device.pin_memory, True)
     val_ds = ImageDataset(val_samples, val_transform(cfg.val_resize_size, cfg.val_crop_size))

@@ -223,7 +223,11 @@ class Device:
 
     # -- optimizer
     def sgd(self, params, lr, momentum, weight_decay, apex_amp_in_use=False):
-        """(optimizer, implementation name) for SGD with momentum on this device."""
+        """(optimizer, implementation name) for SGD with momentum on this device.
+
+        The NPU fused SGDs keep gradients in one flat buffer: ``zero_grad(set_to_none=True)``
+        raises there (see ``zero_grad_to_none``).
+        """
         if self.kind == "npu":
             npu = npu_module()
             fused = getattr(getattr(npu, "optim", None), "NpuFusedSGD", None)
@@ -240,6 +244,11 @@ class Device:
             return (torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=True),
                     "torch.optim.SGD(fused)")
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay), "torch.optim.SGD"
+
+    @staticmethod
+    def zero_grad_to_none(optimizer_name):
+        """Whether ``optimizer.zero_grad`` may free the gradients (not for NPU fused optimizers)."""
+        return "NpuFused" not in optimizer_name
 
     # -- distributed
     @property

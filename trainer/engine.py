@@ -16,13 +16,14 @@ from trainer.schedule import set_lr
 
 class Engine:
     def __init__(self, model, criterion, optimizer, mp, device, dist, normalizer, schedule, cfg, log,
-                 profiler=None):
+                 profiler=None, grads_to_none=True):
         self.model = model  # possibly wrapped (DDP / apex)
         self.criterion = criterion
         self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=cfg.label_smoothing)
         self.optimizer, self.mp, self.device, self.dist = optimizer, mp, device, dist
         self.normalize, self.schedule, self.cfg, self.log = normalizer, schedule, cfg, log
         self.profiler = profiler
+        self.grads_to_none = grads_to_none and mp.impl != "apex"
         self.stop_requested = False
 
     def _targets(self, target):
@@ -66,7 +67,7 @@ class Engine:
             with self.mp.autocast():
                 output = self.model(x)
                 loss = self.criterion(output, y)
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=self.grads_to_none)
             self.mp.backward_step(loss, self.optimizer)
             c1, c5 = metrics.correct_counts(output.detach(), y)
             sums.add(loss.detach() * batch, c1, c5, batch)

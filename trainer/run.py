@@ -17,7 +17,7 @@ from trainer import amp as ampmod
 from trainer import checkpoint, data, distributed, metrics, summary
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
-from trainer.errors import UsageError
+from trainer.errors import UsageError, one_line
 from trainer.schedule import Schedule
 
 RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
@@ -65,7 +65,7 @@ def worker(cfg):
     try:
         return _train_or_evaluate(cfg)
     except UsageError as exc:
-        sys.stderr.write("error: {}\n".format(exc))
+        sys.stderr.write("error: {}\n".format(one_line(exc)))
         sys.stderr.flush()
         return exc.exit_code
 
@@ -100,7 +100,7 @@ def _body(cfg, device, dist, log):
         return 130
     except UsageError as exc:
         if rs is not None:
-            rs.write("failed", str(exc))
+            rs.write("failed", one_line(exc))
         raise
     except BaseException as exc:
         if rs is not None:
@@ -179,7 +179,8 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
     if cfg.profile_steps is not None:
         from trainer.profiling import StepProfiler
         profiler = StepProfiler(cfg.profile_steps, cfg.profile_stop, device, cfg.output_dir, dist.rank, log)
-    engine = Engine(model, criterion, optimizer, mp, device, dist, normalizer, schedule, cfg, log, profiler)
+    engine = Engine(model, criterion, optimizer, mp, device, dist, normalizer, schedule, cfg, log, profiler,
+                    grads_to_none=device.zero_grad_to_none(opt_name))
 
     ckpt_path = os.path.join(cfg.output_dir, checkpoint.CHECKPOINT)
     best_path = os.path.join(cfg.output_dir, checkpoint.BEST)

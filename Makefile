@@ -1,0 +1,34 @@
+# The README's two commands: `make demo` and `make test`. Both install into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo lint clean-demo
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip check
+	@command -v shellcheck >/dev/null 2>&1 || ./tools/install_system_deps.sh
+	@touch $@
+
+test: install
+	$(PY) -m pytest -q tests
+
+lint: install
+	shellcheck -x env_npu.sh test/*.sh
+	$(PY) -m compileall -q main.py trainer models tools bench
+
+# A small learnable data set (10 classes of drawn shapes) and a short ShuffleNetV2 run on
+# whatever device is present. Each run writes a fresh folder under demo_output/.
+demo: install
+	@test -d demo_data/train || $(PY) tools/make_dataset.py demo_data --train-per-class 100 --val-per-class 30 --size 64
+	$(PY) main.py demo_data -a shufflenet_v2_x0_5_npu --epochs 6 -b 32 --lr 0.4 --warmup-epochs 1 \
+		--lr-schedule cosine --wd 4e-5 -j 2 --train-crop-size 64 --val-resize-size 64 --val-crop-size 64 \
+		--seed 0 -p 20 --output-dir demo_output/$$(date +%Y%m%d-%H%M%S)
+
+clean-demo:
+	rm -rf demo_data demo_output

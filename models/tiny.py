@@ -1,0 +1,28 @@
+"""``tiny_cnn``: a small CNN with no BatchNorm and no dropout.
+
+For smoke tests, slow CPUs, and checks that need a model whose training step does not
+depend on how the batch is split over processes (no BN statistics, no random dropout).
+"""
+import torch.nn as nn
+
+from models import register_model
+
+
+class TinyCNN(nn.Module):
+    def __init__(self, num_classes=1000, width=32):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(2 * width, 4 * width, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.fc = nn.Linear(4 * width, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x).flatten(1))
+
+
+@register_model
+def tiny_cnn(num_classes=1000, **kwargs):
+    return TinyCNN(num_classes=num_classes, **kwargs)
