@@ -1,0 +1,56 @@
+"""FAKE torch_npu for tests only: an Ascend host with N NPUs simulated on the CPU.
+
+Not the real Ascend Extension for PyTorch. Names and signatures follow torch_npu 2.14.0
+(see docs/NPU_API.md). Tensors never leave the CPU: the device functions only keep and
+record state. N comes from $FAKE_NPU_DEVICE_COUNT (default 8).
+
+Like the real package, importing it renames torch's PrivateUse1 backend to "npu" (so that
+``torch.device("npu:3")`` parses), registers ``torch.npu`` (the same object as
+``torch_npu.npu``) and the "hccl" process-group backend (here backed by Gloo on the CPU).
+These changes last for the life of the process.
+
+Every simulated call is appended to ``torch_npu.calls`` as a tuple ``(name, *args)``.
+"""
+
+import torch
+
+FAKE = True  # lets tests (and only tests) tell the fake from the real package
+__version__ = "2.14.0+fake"
+
+calls = []  # ("set_device", "npu:3"), ("synchronize", None), ...
+
+
+def _record(name, *args):
+    from torch_npu._recorder import record
+
+    record(calls, "torch_npu", name, *args)
+
+
+def reset_calls():
+    """Empty ``calls`` (test helper; not part of the real API)."""
+    del calls[:]
+
+
+def _register_backend():
+    # Real: torch_npu/_init/registry/backend.py register_privateuse1_backend().
+    if torch._C._get_privateuse1_backend_name() != "npu":
+        torch.utils.rename_privateuse1_backend("npu")
+    import torch_npu.npu as _npu_module
+
+    if getattr(torch, "npu", None) is not _npu_module:
+        torch._register_device_module("npu", _npu_module)
+    if not hasattr(torch.Tensor, "is_npu"):
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_storage=False)
+
+
+_register_backend()
+
+import torch_npu.npu  # noqa: E402,F401
+import torch_npu.npu.amp  # noqa: E402,F401
+import torch_npu.optim  # noqa: E402,F401
+import torch_npu.profiler  # noqa: E402,F401
+import torch_npu.contrib  # noqa: E402,F401
+import torch_npu.distributed  # noqa: E402,F401
+
+torch_npu.distributed._register_hccl()

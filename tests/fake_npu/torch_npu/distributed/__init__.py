@@ -1,0 +1,34 @@
+"""FAKE torch_npu.distributed (test-only): the "hccl" backend, backed by Gloo on the CPU.
+
+Real (torch_npu 2.14.0, torch_npu/_init/registry/distributed.py): ``import torch_npu`` calls
+``torch.distributed.Backend.register_backend("hccl", ..., extended_api=True, devices=["npu"])``
+(and "lccl"), so ``dist.init_process_group(backend="hccl")`` works by name. The fake registers
+"hccl" for the devices "npu" and "cpu" (its tensors are CPU tensors) and records each process
+group it creates as ("hccl.new_group", rank, size).
+"""
+
+import torch
+import torch.distributed as dist
+
+import torch_npu
+
+
+def is_available():
+    return dist.is_available()
+
+
+def _new_process_group_hccl(dist_backend_opts, pg_options):
+    torch_npu._record("hccl.new_group", dist_backend_opts.group_rank, dist_backend_opts.group_size)
+    pg = dist.ProcessGroupGloo(dist_backend_opts.store, dist_backend_opts.group_rank,
+                               dist_backend_opts.group_size, timeout=dist_backend_opts.timeout)
+    return pg
+
+
+def _register_hccl():
+    if not dist.is_available():
+        return
+    if "HCCL" not in dist.Backend._plugins:
+        dist.Backend.register_backend("hccl", _new_process_group_hccl, extended_api=True,
+                                      devices=["npu", "cpu"])
+    if not hasattr(dist, "is_hccl_available"):
+        dist.is_hccl_available = lambda: True

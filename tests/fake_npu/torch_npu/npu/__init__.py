@@ -1,0 +1,277 @@
+"""FAKE torch_npu.npu (== torch.npu after ``import torch_npu``). Test-only.
+
+Same names and signatures as torch_npu 2.14.0 torch_npu/npu/{__init__,utils,random,memory,
+autocast_utils}.py for the functions the trainer may use. Device state is kept per process.
+"""
+
+import os
+import types
+
+import torch
+
+import torch_npu
+
+__all__ = [
+    "is_available", "device_count", "set_device", "current_device", "synchronize", "device",
+    "is_initialized", "init", "get_device_name", "get_device_properties",
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed",
+    "get_rng_state", "set_rng_state", "get_rng_state_all", "set_rng_state_all",
+    "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated", "empty_cache",
+    "is_bf16_supported", "get_amp_supported_dtype", "current_stream", "default_stream",
+]
+
+_current = None  # device index chosen by set_device (None: never set -> device 0)
+_initialized = False
+_generators = {}
+
+
+def _rec(name, *args):
+    torch_npu._record(name, *args)
+
+
+def _physical_count():
+    raw = os.environ.get("FAKE_NPU_DEVICE_COUNT", "8")
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return 0
+
+
+def _visible():
+    """Device ids this process may use: ASCEND_RT_VISIBLE_DEVICES filters, as on a real host."""
+    ids = list(range(_physical_count()))
+    env = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+    if env is None:
+        return ids
+    out = []
+    for tok in env.split(","):
+        tok = tok.strip()
+        if not tok.isdigit() or int(tok) not in ids:
+            break  # the runtime stops at the first invalid entry
+        out.append(int(tok))
+    return out
+
+
+def _get_device_index(device, optional=False, allow_cpu=False):
+    # Mirrors torch_npu/npu/utils.py _get_device_index: int | "npu:N" | torch.device | None.
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if allow_cpu:
+            if device.type not in ("npu", "cpu"):
+                raise ValueError("Expected a npu or cpu device, but got: {}".format(device))
+            if device.type == "cpu":
+                return -1
+        elif device.type != "npu":
+            raise ValueError("Expected a npu device, but got: {}".format(device))
+        if device.index is not None:
+            return device.index
+    if device is None or isinstance(device, torch.device):
+        if optional:
+            return current_device()
+        raise ValueError("Expected a torch.device with a specified index or an integer, "
+                         "but got: {}".format(device))
+    raise ValueError("Expected a npu device, but got: {!r}".format(device))
+
+
+def _check_index(idx):
+    n = device_count()
+    if idx >= n:
+        raise RuntimeError("fake torch_npu: invalid device ordinal {} (device_count() == {})".format(idx, n))
+
+
+# ---- device management -------------------------------------------------------------------
+
+def is_available():
+    return device_count() > 0
+
+
+def device_count():
+    return len(_visible())
+
+
+def is_initialized():
+    return _initialized
+
+
+def init():
+    global _initialized
+    if not is_available():
+        raise RuntimeError("fake torch_npu: no NPU device (FAKE_NPU_DEVICE_COUNT=0)")
+    _initialized = True
+
+
+def set_device(device):
+    """Record the argument as given; accepts int, "npu:N" or torch.device("npu", N)."""
+    global _current, _initialized
+    _rec("set_device", device)
+    idx = _get_device_index(device, optional=True)
+    if idx >= 0:
+        _check_index(idx)
+        _current = idx
+        _initialized = True
+
+
+def current_device():
+    return 0 if _current is None else _current
+
+
+def synchronize(device=None):
+    _rec("synchronize", device)
+
+
+class device(object):
+    """Context manager that switches the current device (torch_npu.npu.device)."""
+
+    def __init__(self, device):
+        self.idx = _get_device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        global _current
+        if self.idx < 0:
+            return
+        self.prev_idx = current_device()
+        _check_index(self.idx)
+        _current = self.idx
+
+    def __exit__(self, *args):
+        global _current
+        if self.prev_idx >= 0:
+            _current = self.prev_idx
+        return False
+
+
+def get_device_name(device_name=None):
+    return "Ascend910B (fake)"
+
+
+def get_device_properties(device_name=None):
+    return types.SimpleNamespace(name=get_device_name(device_name), total_memory=64 * 1024 ** 3,
+                                 cube_core_num=24, vector_core_num=48)
+
+
+class _FakeStream(object):
+    def __init__(self, device=None):
+        self.device = device
+
+    def synchronize(self):
+        _rec("Stream.synchronize", self.device)
+
+    def wait_stream(self, stream):
+        pass
+
+
+def current_stream(device=None):
+    return _FakeStream(device)
+
+
+def default_stream(device=None):
+    return _FakeStream(device)
+
+
+# ---- random --------------------------------------------------------------------------------
+
+def _gen(idx):
+    if idx not in _generators:
+        _generators[idx] = torch.Generator()
+    return _generators[idx]
+
+
+def _idx_of(device):
+    return _get_device_index(device, optional=True)
+
+
+def manual_seed(seed):
+    seed = int(seed)
+    _rec("manual_seed", seed)
+    _gen(current_device()).manual_seed(seed)
+
+
+def manual_seed_all(seed):
+    seed = int(seed)
+    _rec("manual_seed_all", seed)
+    for i in range(device_count()):
+        _gen(i).manual_seed(seed)
+
+
+def seed():
+    _gen(current_device()).seed()
+
+
+def seed_all():
+    s = _gen(current_device()).seed()
+    for i in range(device_count()):
+        _gen(i).manual_seed(s)
+
+
+def initial_seed():
+    return _gen(current_device()).initial_seed()
+
+
+def get_rng_state(device="npu"):
+    return _gen(_idx_of(device)).get_state()
+
+
+def set_rng_state(new_state, device="npu"):
+    _gen(_idx_of(device)).set_state(new_state.clone())
+
+
+def get_rng_state_all():
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states):
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+# ---- memory (nothing is allocated on a fake device) ----------------------------------------
+
+def memory_stats(device=None):
+    return {}
+
+
+def memory_allocated(device=None):
+    return 0
+
+
+def max_memory_allocated(device=None):
+    return 0
+
+
+def memory_reserved(device=None):
+    return 0
+
+
+def max_memory_reserved(device=None):
+    return 0
+
+
+def reset_peak_memory_stats(device=None):
+    _rec("reset_peak_memory_stats", device)
+
+
+def reset_max_memory_allocated(device=None):
+    _rec("reset_max_memory_allocated", device)
+
+
+def empty_cache():
+    _rec("empty_cache")
+
+
+# ---- autocast helpers (torch_npu/npu/autocast_utils.py) -------------------------------------
+
+def is_bf16_supported(including_emulation=False):
+    return True
+
+
+def get_amp_supported_dtype():
+    return [torch.float16, torch.bfloat16, torch.float32]
+
+
+from torch_npu.npu import utils  # noqa: E402,F401
+from torch_npu.npu import amp  # noqa: E402,F401

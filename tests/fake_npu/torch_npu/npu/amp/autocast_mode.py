@@ -1,0 +1,19 @@
+"""FAKE torch_npu.npu.amp.autocast (test-only).
+
+Real (torch_npu 2.14.0): ``autocast(enabled=True, dtype=torch.float16, cache_enabled=True)``,
+a subclass of torch.amp.autocast_mode.autocast for device "npu". The fake runs torch's CPU
+autocast in bfloat16 (what CPU autocast is meant for) and records the dtype that was asked for.
+"""
+
+import torch
+
+import torch_npu
+
+__all__ = ["autocast"]
+
+
+class autocast(torch.amp.autocast_mode.autocast):
+    def __init__(self, enabled=True, dtype=torch.float16, cache_enabled=True):
+        self.requested_dtype = dtype
+        torch_npu._record("autocast", dtype, enabled)
+        super().__init__("cpu", enabled=enabled, dtype=torch.bfloat16, cache_enabled=cache_enabled)
