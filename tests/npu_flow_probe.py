@@ -1,0 +1,22 @@
+"""Child process with the fake torch_npu: the trainer's whole flow on --device npu.
+
+Tensors cannot live on a fake NPU, so the run stops at the first tensor that moves to the
+device; what matters here is what happened before: set_device is the very first NPU call.
+"""
+import json
+import sys
+
+import torch_npu  # the fake
+
+from trainer import run
+from trainer.config import parse_config
+
+cfg, _ = parse_config(["--dummy", "--device", "npu", "--gpu", "5", "-a", "tiny_cnn", "--output-dir",
+                       sys.argv[1], "--epochs", "1"], env={})
+torch_npu.reset_calls()
+try:
+    run._train_or_evaluate(cfg)
+    stopped = None
+except Exception as exc:
+    stopped = type(exc).__name__
+print(json.dumps({"calls": [list(map(str, c[:2])) for c in torch_npu.calls], "stopped": stopped}))
