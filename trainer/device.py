@@ -259,6 +259,14 @@ class Device:
     def ddp_device_ids(self):
         return None if self.kind == "cpu" else [self.index]
 
+    def ddp(self, model, broadcast_buffers=True):
+        """DistributedDataParallel on this device (buffer sync flag named per torch version)."""
+        DDP = torch.nn.parallel.DistributedDataParallel
+        params = inspect.signature(DDP.__init__).parameters
+        if "forward_sync_buffers" in params:  # newer torch deprecates broadcast_buffers
+            return DDP(model, device_ids=self.ddp_device_ids, forward_sync_buffers=broadcast_buffers)
+        return DDP(model, device_ids=self.ddp_device_ids, broadcast_buffers=broadcast_buffers)
+
     @property
     def supports_sync_bn(self):
         return self.kind in ("cuda", "npu")

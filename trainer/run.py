@@ -44,7 +44,7 @@ def preflight(cfg):
             checkpoint.load_training_checkpoint(resume, cfg.arch)
     if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(cfg.output_dir))
-    if not cfg.evaluate and cfg.resume is None:
+    if not cfg.evaluate and cfg.resume is None and cfg.rank == 0:  # rank 0 owns the folder
         held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.output_dir, f))]
         if held:
             raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
@@ -168,8 +168,7 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
 
     model_for_eval = model
     if dist.active:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=device.ddp_device_ids, broadcast_buffers=cfg.broadcast_buffers)
+        model = device.ddp(model, cfg.broadcast_buffers)
 
     steps = len(train_loader)
     if cfg.max_steps_per_epoch:

@@ -1,0 +1,159 @@
+"""Several processes on CPU with gloo: every launch mode, one behaviour."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import PY, ROOT, SMALL, assert_one_line_error, read_summary, run_main
+from tools.make_dataset import generate
+
+# one optimizer step of a BN-free model, then a full validation pass
+STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "8", "--lr", "0.1",
+        "--momentum", "0.9", "--wd", "1e-4", "--seed", "11", "--device", "cpu"] + SMALL
+
+
+@pytest.fixture(scope="module")
+def data70(tmp_path_factory):
+    """70 validation images: not divisible by world (2) x batch per process (4)."""
+    out = str(tmp_path_factory.mktemp("data") / "d70")
+    return generate(out, classes=10, train_per_class=6, val_per_class=7, size=32, seed=5)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def weights(out_dir):
+    return torch.load(os.path.join(str(out_dir), "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def single(data70, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    proc = run_main([data70, "--output-dir", str(out)] + STEP)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def assert_same_as_single(out, single):
+    s = read_summary(out)
+    assert s["status"] == "ok" and s["world_size"] == 2 and s["per_device_batch_size"] == 4
+    assert s["global_batch_size"] == 8
+    assert s["val_images"] == 70
+    a, b = weights(single), weights(out)
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=0, atol=1e-6), k
+    assert any(not torch.equal(a[k], torch.zeros_like(a[k])) for k in a)
+
+
+def test_spawn_two_processes_match_one(data70, single, tmp_path):
+    proc = run_main([data70, "--output-dir", str(tmp_path), "--multiprocessing-distributed",
+                     "--device-list", "0,1", "--port", "0"] + STEP)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_as_single(tmp_path, single)
+    assert "batch 4 per device, 8 global" in proc.stdout
+
+
+def test_torchrun_two_processes_match_one(data70, single, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path)] + STEP,
+                          env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_as_single(tmp_path, single)
+
+
+def test_shell_loop_two_processes_match_one(data70, single, tmp_path):
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", RANK_ID=str(rank), RANK_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, PYTHONUNBUFFERED="1")
+        procs.append(subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path)]
+                                      + STEP, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert_same_as_single(tmp_path, single)
+    assert "Epoch: [0]" in outs[0][0] and "Epoch: [0]" not in outs[1][0]  # rank 0 logs the metrics
+
+
+def test_two_node_ranks_on_one_machine(data70, single, tmp_path):
+    """--world-size 2 nodes x 1 process, node ranks 0 and 1, rendezvous by --addr/--port."""
+    port = str(free_port())
+    procs = []
+    for node in range(2):
+        procs.append(subprocess.Popen(
+            [PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path), "--multiprocessing-distributed",
+             "--world-size", "2", "--rank", str(node), "--device-list", "0", "--addr", "127.0.0.1", "--port", port]
+            + STEP, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    assert_same_as_single(tmp_path, single)
+
+
+def test_busy_port_is_a_clear_error(data70, tmp_path):
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        proc = run_main([data70, "--output-dir", str(tmp_path), "--multiprocessing-distributed",
+                         "--device-list", "0,1", "--port", str(port)] + STEP)
+    assert_one_line_error(proc, "port {} is in use".format(port), "--port 0")
+
+
+def _children(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/{}/stat".format(entry)) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid:
+                    out.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return out
+
+
+def _alive(pid):
+    try:
+        with open("/proc/{}/stat".format(pid)) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_killing_one_rank_stops_the_job(data70, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path),
+                          "--multiprocessing-distributed", "--device-list", "0,1", "--port", "0", "-a", "resnet18",
+                          "--epochs", "100", "-b", "4", "--device", "cpu", "-p", "1"] + SMALL[:6] + ["-j", "1"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.startswith("Epoch: [0][ 2/"):
+            break
+    ranks = [c for c in _children(p.pid) if "spawn" in open("/proc/{}/cmdline".format(c)).read()]
+    assert len(ranks) == 2, ranks
+    family = ranks + [g for r in ranks for g in _children(r)]  # ranks and their data workers
+    os.kill(ranks[-1], signal.SIGKILL)
+    t0 = time.time()
+    try:
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode not in (0, None)
+    assert time.time() - t0 < 60
+    deadline = time.time() + 15
+    while time.time() < deadline and any(_alive(q) for q in family):
+        time.sleep(0.5)
+    assert not [q for q in family if _alive(q)], "processes left behind"
+    assert "failed" in p.stderr.read()
