@@ -39,7 +39,7 @@ class MixedPrecision:
             if devmod.apex_amp() is None:
                 raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
                                  "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
-            if kind == "cpu":
+            if not devmod.supports_apex(kind):
                 raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
 
     def setup(self, model, optimizer):

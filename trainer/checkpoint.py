@@ -81,7 +81,7 @@ def read(path, what="checkpoint"):
     if not os.path.isfile(path):
         raise UsageError("{} '{}' is not a file".format(what, path))
     try:
-        return devmod.torch_load(path, map_location="cpu")
+        return devmod.torch_load(path, map_location=devmod.load_location())
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
             AttributeError, ImportError, IndexError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

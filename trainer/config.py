@@ -11,9 +11,10 @@ import os
 import re
 from typing import Optional, Tuple
 
+from trainer.device import KINDS
 from trainer.errors import UsageError
 
-DEVICES = ("auto", "npu", "cuda", "cpu")
+DEVICES = ("auto",) + KINDS
 OPT_LEVELS = ("O1", "O2")
 
 

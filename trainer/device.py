@@ -101,9 +101,43 @@ def resolve_kind(requested):
     return requested
 
 
+def has_device_ids(kind):
+    """Whether devices of ``kind`` are numbered (a CPU is one device; --device-list only counts slots)."""
+    return kind != "cpu"
+
+
+def supports_sync_bn(kind):
+    return kind in ("cuda", "npu")
+
+
+def supports_apex(kind):
+    return kind in ("cuda", "npu")
+
+
+def load_location():
+    """Where checkpoints are loaded first (then moved): the host."""
+    return "cpu"
+
+
 def visible_devices_env(kind):
     """The environment variable that limits the visible devices of ``kind``."""
     return {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}.get(kind)
+
+
+def visible_devices_problem(kind):
+    """A message if the visible-devices variable is one the runtime will mishandle, else None.
+
+    The Ascend runtime maps ASCEND_RT_VISIBLE_DEVICES only when it lists devices in ascending order.
+    """
+    import os
+    env = visible_devices_env(kind)
+    if kind != "npu" or not os.environ.get(env):
+        return None
+    listed = [s.strip() for s in os.environ[env].split(",") if s.strip()]
+    if any(not s.isdigit() for s in listed) or [int(s) for s in listed] != sorted(int(s) for s in listed):
+        return ("{}={} must list devices in ascending order (the Ascend runtime fails to map them "
+                "otherwise)".format(env, os.environ[env]))
+    return None
 
 
 def default_backend(kind):
@@ -266,10 +300,6 @@ class Device:
         if "forward_sync_buffers" in params:  # newer torch deprecates broadcast_buffers
             return DDP(model, device_ids=self.ddp_device_ids, forward_sync_buffers=broadcast_buffers)
         return DDP(model, device_ids=self.ddp_device_ids, broadcast_buffers=broadcast_buffers)
-
-    @property
-    def supports_sync_bn(self):
-        return self.kind in ("cuda", "npu")
 
     # -- randomness
     def manual_seed(self, seed):

@@ -120,15 +120,13 @@ def device_index(cfg):
 def check_devices(cfg, kind):
     """Before any process starts: the device list exists on this machine."""
     ids = cfg.device_list
-    if kind == "cpu" or not ids:
+    if not ids or not devmod.has_device_ids(kind):
         return
+    problem = devmod.visible_devices_problem(kind)
+    if problem:
+        raise UsageError(problem)
     visible = devmod.count(kind)
     env = devmod.visible_devices_env(kind)
-    if kind == "npu" and os.environ.get(env):
-        listed = [s.strip() for s in os.environ[env].split(",") if s.strip()]
-        if any(not s.isdigit() for s in listed) or [int(s) for s in listed] != sorted(int(s) for s in listed):
-            raise UsageError("{}={} must list devices in ascending order (the Ascend runtime fails to map "
-                             "them otherwise)".format(env, os.environ[env]))
     bad = [i for i in ids if i >= visible]
     if bad:
         raise UsageError("--device-list asks for {} device {} but {} visible (ids 0-{}){}".format(
@@ -160,7 +158,7 @@ def spawn(cfg, kind, worker):
     If any rank fails, the others are stopped and this returns its exit code (2 for a
     user error, 1 otherwise); Ctrl-C stops all of them.
     """
-    ids = cfg.device_list or tuple(range(devmod.count(kind) if kind != "cpu" else 1))
+    ids = cfg.device_list or tuple(range(devmod.count(kind)))
     nprocs = len(ids)
     world = cfg.nodes * nprocs
     if cfg.batch_size % world:
@@ -243,7 +241,7 @@ class Dist:
     def broadcast_int(self, value, device):
         if not self.active:
             return value
-        t = device.move(torch.tensor([int(value)], dtype=torch.int64 if device.kind != "npu" else torch.int32))
+        t = device.move(torch.tensor([int(value)], dtype=device.index_dtype))
         torch.distributed.broadcast(t, 0)
         return int(t.item())
 

@@ -123,7 +123,7 @@ class Engine:
             x, y, m = self.normalize(images), self._targets(target), dev.move(valid)
             with self.mp.autocast():
                 output = model(x)
-            per_sample = self.eval_criterion(output.float(), y.long() if dev.kind != "npu" else y)
+            per_sample = self.eval_criterion(output.float(), y)
             c1, c5 = metrics.correct_counts(output, y, m)
             sums.add((per_sample * m).sum(), c1, c5, m.sum())
             if i % cfg.print_freq == 0 or i == steps - 1:

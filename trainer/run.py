@@ -15,6 +15,7 @@ import torch
 import models
 from trainer import amp as ampmod
 from trainer import checkpoint, data, distributed, metrics, summary
+from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
 from trainer.errors import UsageError, one_line
@@ -30,7 +31,7 @@ def preflight(cfg):
     kind = resolve_kind(cfg.device)
     distributed.check_devices(cfg, kind)
     ampmod.MixedPrecision.check(cfg, kind)
-    if cfg.sync_bn and kind == "cpu":
+    if cfg.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.dummy:
         data.check_data_root(cfg.data, need_train=not cfg.evaluate)
@@ -147,7 +148,7 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
         "| amp {} | data {} ({} classes, {} train / {} val images)".format(
             cfg.arch, device.name, world, batch_per_rank, cfg.batch_size, cfg.lr, cfg.lr_schedule,
             cfg.warmup_epochs, "off" if not cfg.amp else cfg.amp_impl, info.layout, num_classes,
-            info.train_images, info.val_images))
+            info.train_images, info.val_images), all_ranks=True)
 
     normalizer = data.Normalizer(device, cfg.channels_last)
     mp = ampmod.MixedPrecision(cfg, device)
