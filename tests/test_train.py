@@ -105,7 +105,7 @@ def test_evaluate_checkpoint_writes_eval_summary(full_run, learnable):
 
 
 def test_dummy_data_run(tmp_path):
-    proc = run_main(["--dummy", "-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "3", "-b", "4",
+    proc = run_main(["--dummy", "-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "3", "-b", "64",
                      "--num-classes", "10", "--output-dir", str(tmp_path), "--fps-warmup-steps", "1"]
                     + SMALL[:6], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

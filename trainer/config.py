@@ -83,40 +83,30 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def _positive_int(name):
+def _number(name, cast, minimum, what):
+    """argparse type: ``cast(text)`` that must be >= ``minimum`` (nan rejected)."""
     def parse(text):
         try:
-            value = int(text)
+            value = cast(text)
         except ValueError:
-            raise argparse.ArgumentTypeError("{} must be a whole number, got '{}'".format(name, text))
-        if value < 1:
-            raise argparse.ArgumentTypeError("{} must be at least 1, got {}".format(name, value))
+            raise argparse.ArgumentTypeError("{} must be {}, got '{}'".format(
+                name, "a whole number" if cast is int else "a number", text))
+        if not value >= minimum:
+            raise argparse.ArgumentTypeError("{} must {}, got {}".format(name, what, text))
         return value
     return parse
+
+
+def _positive_int(name):
+    return _number(name, int, 1, "be at least 1")
 
 
 def _nonneg_int(name):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError("{} must be a whole number, got '{}'".format(name, text))
-        if value < 0:
-            raise argparse.ArgumentTypeError("{} must be 0 or more, got {}".format(name, value))
-        return value
-    return parse
+    return _number(name, int, 0, "be 0 or more")
 
 
 def _nonneg_float(name):
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError("{} must be a number, got '{}'".format(name, text))
-        if not value >= 0:  # also rejects nan
-            raise argparse.ArgumentTypeError("{} must not be negative, got {}".format(name, text))
-        return value
-    return parse
+    return _number(name, float, 0.0, "not be negative")
 
 
 def parse_loss_scale(text):
