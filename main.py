@@ -6,22 +6,22 @@ in the ``trainer`` package; ``python3 main.py --help`` lists every flag.
 """
 import sys
 
-from trainer.errors import UsageError
+from trainer import cli
+
+
+def _main(argv):
+    from trainer.config import parse_config
+    cfg, _ = parse_config(argv)
+    if cfg is None:  # --list-models
+        import models
+        print("\n".join(models.list_models()))
+        return 0
+    from trainer.run import run
+    return run(cfg)
 
 
 def main(argv=None):
-    from trainer.config import parse_config
-    try:
-        cfg, ns = parse_config(argv)
-        if cfg is None:  # --list-models
-            import models
-            print("\n".join(models.list_models()))
-            return 0
-        from trainer.run import run
-        return run(cfg)
-    except UsageError as exc:
-        sys.stderr.write("error: {}\n".format(exc))
-        return exc.exit_code
+    return cli.run(_main, argv)
 
 
 if __name__ == "__main__":

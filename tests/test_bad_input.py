@@ -90,11 +90,11 @@ def test_unknown_arch_suggests(capsys):
 
 
 @pytest.mark.parametrize("argv,frag", [
-    (["-b", "0"], "--batch-size must be at least 1"),
-    (["--epochs", "0"], "--epochs must be at least 1"),
-    (["--lr", "-0.1"], "--lr must not be negative"),
-    (["--train-crop-size", "0"], "--train-crop-size must be at least 1"),
-    (["--val-crop-size", "0"], "--val-crop-size must be at least 1"),
+    (["-b", "0"], "--batch-size: must be a whole number at least 1"),
+    (["--epochs", "0"], "--epochs: must be a whole number at least 1"),
+    (["--lr", "-0.1"], "must be a number at least 0.0, got '-0.1'"),
+    (["--train-crop-size", "0"], "--train-crop-size: must be a whole number at least 1"),
+    (["--val-crop-size", "0"], "--val-crop-size: must be a whole number at least 1"),
     (["--opt-level", "O3"], "--opt-level must be O1 or O2"),
     (["--loss-scale", "big"], "--loss-scale must be a positive number or 'dynamic'"),
     (["--loss-scale", "-4"], "--loss-scale must be a positive number or 'dynamic'"),

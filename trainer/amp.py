@@ -12,7 +12,6 @@ The scaler / amp state goes into every checkpoint and comes back on resume.
 import contextlib
 import inspect
 
-import torch
 
 from trainer import device as devmod
 from trainer.errors import UsageError

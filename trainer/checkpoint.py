@@ -95,9 +95,8 @@ def state_dict_of(obj, path):
     return strip_module(sd)
 
 
-def load_weights_into(model, path):
-    """--pretrained / registry weights: strict load with a one-line explanation on mismatch."""
-    sd = state_dict_of(read(path, "weights file"), path)
+def check_fits(model, sd, what):
+    """UsageError ``<what>: <which keys differ>`` unless ``sd`` loads into ``model`` strictly."""
     own = model.state_dict()
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
@@ -111,8 +110,13 @@ def load_weights_into(model, path):
             parts.append("{} missing (e.g. {})".format(len(missing), missing[0]))
         if unexpected:
             parts.append("{} unexpected (e.g. {})".format(len(unexpected), unexpected[0]))
-        raise UsageError("weights '{}' do not fit this model: {}; check --arch and --num-classes".format(
-            path, "; ".join(parts)))
+        raise UsageError("{}: {}; check --arch and --num-classes".format(what, "; ".join(parts)))
+
+
+def load_weights_into(model, path):
+    """--pretrained / registry weights: strict load with a one-line explanation on mismatch."""
+    sd = state_dict_of(read(path, "weights file"), path)
+    check_fits(model, sd, "weights '{}' do not fit this model".format(path))
     model.load_state_dict(sd, strict=True)
 
 

@@ -12,6 +12,7 @@ import re
 from typing import Optional, Tuple
 
 from trainer.device import KINDS
+from trainer.cli import UsageParser, number
 from trainer.errors import UsageError
 
 DEVICES = ("auto",) + KINDS
@@ -83,32 +84,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def _number(name, cast, minimum, what):
-    """argparse type: ``cast(text)`` that must be >= ``minimum`` (nan rejected)."""
-    def parse(text):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError("{} must be {}, got '{}'".format(
-                name, "a whole number" if cast is int else "a number", text))
-        if not value >= minimum:
-            raise argparse.ArgumentTypeError("{} must {}, got {}".format(name, what, text))
-        return value
-    return parse
-
-
-def _positive_int(name):
-    return _number(name, int, 1, "be at least 1")
-
-
-def _nonneg_int(name):
-    return _number(name, int, 0, "be 0 or more")
-
-
-def _nonneg_float(name):
-    return _number(name, float, 0.0, "not be negative")
-
-
 def parse_loss_scale(text):
     """``dynamic`` -> None; a positive number -> float."""
     if str(text).lower() == "dynamic":
@@ -152,15 +127,8 @@ def parse_profile_steps(text):
     return (int(m.group(1)), int(m.group(2)))
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
-
-    def error(self, message):
-        raise UsageError(message)
-
-
 def build_parser():
-    p = _Parser(
+    p = UsageParser(
         prog="main.py",
         description="ImageNet-style training and evaluation on Ascend NPU, CUDA or CPU "
                     "(a port of pytorch/examples' imagenet/main.py).",
@@ -174,18 +142,18 @@ def build_parser():
     g.add_argument("--data", dest="data_opt", default=None, metavar="DIR", help="same as DIR")
     g.add_argument("-a", "--arch", default="resnet50", metavar="ARCH",
                    help="model architecture (see --list-models)")
-    g.add_argument("-j", "--workers", type=_nonneg_int("--workers"), default=4,
+    g.add_argument("-j", "--workers", type=number(int, 0), default=4,
                    help="data loading workers per process")
-    g.add_argument("--epochs", type=_positive_int("--epochs"), default=90, help="total epochs to run")
-    g.add_argument("--start-epoch", type=_nonneg_int("--start-epoch"), default=0,
+    g.add_argument("--epochs", type=number(int, 1), default=90, help="total epochs to run")
+    g.add_argument("--start-epoch", type=number(int, 0), default=0,
                    help="manual epoch number to start from (useful on restarts; --resume overrides it)")
-    g.add_argument("-b", "--batch-size", type=_positive_int("--batch-size"), default=256,
+    g.add_argument("-b", "--batch-size", type=number(int, 1), default=256,
                    help="GLOBAL batch size: divided evenly over all processes")
-    g.add_argument("--lr", "--learning-rate", dest="lr", type=_nonneg_float("--lr"), default=0.1,
+    g.add_argument("--lr", "--learning-rate", dest="lr", type=number(float, 0.0), default=0.1,
                    help="peak learning rate, used as given (pass it already scaled for the global batch)")
-    g.add_argument("--momentum", type=_nonneg_float("--momentum"), default=0.9)
-    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=_nonneg_float("--wd"), default=1e-4)
-    g.add_argument("-p", "--print-freq", type=_positive_int("--print-freq"), default=10,
+    g.add_argument("--momentum", type=number(float, 0.0), default=0.9)
+    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=number(float, 0.0), default=1e-4)
+    g.add_argument("-p", "--print-freq", type=number(int, 1), default=10,
                    help="print every N steps")
     g.add_argument("--resume", default=None, metavar="PATH",
                    help="checkpoint to continue from, or 'auto' for the newest one in --output-dir")
@@ -193,7 +161,7 @@ def build_parser():
     g.add_argument("--pretrained", default=None, metavar="FILE",
                    help="initial weights: a local state dict or checkpoint file (nothing is downloaded)")
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
-    g.add_argument("--gpu", type=_nonneg_int("--gpu"), default=None,
+    g.add_argument("--gpu", type=number(int, 0), default=None,
                    help="device index for a single-process run (any device kind)")
     g.add_argument("--dummy", action="store_true",
                    help="synthetic batches made on the device (no decoding): for FPS runs")
@@ -214,17 +182,17 @@ def build_parser():
     t = p.add_argument_group("recipe")
     t.add_argument("--recipe", default=None, metavar="NAME",
                    help="defaults from a published recipe: " + ", ".join(recipes.names()))
-    t.add_argument("--label-smoothing", type=_nonneg_float("--label-smoothing"), default=0.0)
+    t.add_argument("--label-smoothing", type=number(float, 0.0), default=0.0)
     t.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
                    help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step")
-    t.add_argument("--warmup-epochs", type=_nonneg_float("--warmup-epochs"), default=0.0,
+    t.add_argument("--warmup-epochs", type=number(float, 0.0), default=0.0,
                    help="linear LR warm-up, in epochs (fractions allowed)")
-    t.add_argument("--train-crop-size", type=_positive_int("--train-crop-size"), default=224)
-    t.add_argument("--crop-scale-min", type=_nonneg_float("--crop-scale-min"), default=0.08,
+    t.add_argument("--train-crop-size", type=number(int, 1), default=224)
+    t.add_argument("--crop-scale-min", type=number(float, 0.0), default=0.08,
                    help="smallest area fraction RandomResizedCrop takes (torchvision: 0.08)")
-    t.add_argument("--val-resize-size", type=_positive_int("--val-resize-size"), default=256)
-    t.add_argument("--val-crop-size", type=_positive_int("--val-crop-size"), default=224)
-    t.add_argument("--num-classes", type=_positive_int("--num-classes"), default=None,
+    t.add_argument("--val-resize-size", type=number(int, 1), default=256)
+    t.add_argument("--val-crop-size", type=number(int, 1), default=224)
+    t.add_argument("--num-classes", type=number(int, 1), default=None,
                    help="classifier outputs (default: the number of class folders; 1000 with --dummy)")
     t.add_argument("--zero-init-residual", action="store_true",
                    help="ResNet: zero the last BN gamma of each residual block")
@@ -232,11 +200,11 @@ def build_parser():
     o = p.add_argument_group("run control and outputs")
     o.add_argument("--output-dir", default=".", metavar="DIR",
                    help="checkpoints and summary.json go here")
-    o.add_argument("--eval-freq", type=_positive_int("--eval-freq"), default=1,
+    o.add_argument("--eval-freq", type=number(int, 1), default=1,
                    help="validate every N epochs (and always after the last)")
-    o.add_argument("--max-steps-per-epoch", type=_positive_int("--max-steps-per-epoch"), default=None,
+    o.add_argument("--max-steps-per-epoch", type=number(int, 1), default=None,
                    help="cap the training steps per epoch (performance runs)")
-    o.add_argument("--fps-warmup-steps", type=_nonneg_int("--fps-warmup-steps"), default=5,
+    o.add_argument("--fps-warmup-steps", type=number(int, 0), default=5,
                    help="steps at the start of each epoch left out of the FPS figure")
     o.add_argument("--profile-steps", type=parse_profile_steps, default=None, metavar="START:END",
                    help="record global steps START..END-1 with the profiler into --output-dir")
@@ -263,7 +231,7 @@ def build_parser():
     m.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm across processes")
     m.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
                    help="DDP: do not broadcast BN buffers from rank 0 each step")
-    m.add_argument("--dist-timeout", type=_positive_int("--dist-timeout"), default=1800,
+    m.add_argument("--dist-timeout", type=number(int, 1), default=1800,
                    help="seconds a collective may wait before the job fails")
     return p
 

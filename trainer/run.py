@@ -8,13 +8,12 @@ user mistake is one line and exit code 2 before any worker or rank starts.
 import math
 import os
 import secrets
-import sys
 
 import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, data, distributed, metrics, summary
+from trainer import checkpoint, cli, data, distributed, metrics, summary
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -26,8 +25,7 @@ RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
 
 def preflight(cfg):
     """Cheap checks in the launching process; returns the resolved device kind."""
-    if cfg.arch not in models.list_models():
-        raise UsageError(models.unknown_message(cfg.arch))
+    cli.check_arch(cfg.arch)
     kind = resolve_kind(cfg.device)
     distributed.check_devices(cfg, kind)
     ampmod.MixedPrecision.check(cfg, kind)
@@ -66,9 +64,7 @@ def worker(cfg):
     try:
         return _train_or_evaluate(cfg)
     except UsageError as exc:
-        sys.stderr.write("error: {}\n".format(one_line(exc)))
-        sys.stderr.flush()
-        return exc.exit_code
+        return cli.report(exc)
 
 
 def _train_or_evaluate(cfg):
@@ -244,6 +240,8 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
         if engine.stop_requested:
             log("=> stopping after the profiled steps (--profile-stop)")
             break
+    if profiler is not None:
+        profiler.close()  # a run that ended before END still leaves its trace
     if rs is not None:
         rs.write("ok")
         log("=> summary: {}".format(os.path.abspath(rs.path)))

@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""Compare a training step on two devices (or precisions), module by module.
+
+    python3 tools/compare_precision.py --arch A [--reference cpu] [--target auto|npu|cuda|cpu] [--target-amp]
+                                       [--steps 1] [--rtol 1e-3] [--atol 1e-5] [--batch-size 4] [--image-size 64]
+                                       [--num-classes 10] [--loss-scale 128] [--top 15] [--output FILE.json] [--force]
+
+The porting guide's whole-network precision check: the same initial weights and the same input
+batches on both sides; forward hooks record every module's output (in execution order), tensor hooks
+every parameter's gradient (in the order backward produces them), then the loss, and after the SGD
+step every floating buffer (BatchNorm running mean / variance). With --steps N each side trains N
+steps on its own, so drift accumulates as it would in training.
+
+Each recorded tensor of the target is compared with the reference's: max abs difference, mean abs
+difference, and the relative error max|t - r| / max|r|. A tensor is over tolerance when
+max|t - r| > atol + rtol * max|r|. Printed: the worst relative errors, and the first module (in
+execution order) over tolerance, the place to start looking. --output writes every comparison as JSON.
+
+Dropout modules are switched off on both sides (their masks come from different random generators
+on different devices); BatchNorm trains as usual. --target-amp runs the target's forward pass under
+the device's autocast (bfloat16 on the CPU, float16 elsewhere, where the loss is multiplied by
+--loss-scale for backward and the gradients are divided by it again).
+
+One process can drive one accelerator: compare an accelerator with the CPU, or with itself.
+Exit codes: 0 all within tolerance; 1 something over tolerance; 2 a usage error.
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from trainer import cli  # noqa: E402
+from trainer.errors import UsageError  # noqa: E402
+
+ROOT_NAME = "(model)"
+
+
+# ---------------------------------------------------------------- recording
+
+
+def _flat_tensors(value, name):
+    if torch.is_tensor(value):
+        return [(name, value)]
+    if isinstance(value, (tuple, list)):
+        out = []
+        for i, v in enumerate(value):
+            out.extend(_flat_tensors(v, "{}[{}]".format(name, i)))
+        return out
+    if isinstance(value, dict):
+        out = []
+        for k in value:
+            out.extend(_flat_tensors(value[k], "{}[{}]".format(name, k)))
+        return out
+    return []
+
+
+def _keep(t):
+    return t.detach().to("cpu", torch.float32, copy=True)
+
+
+def disable_dropout(model):
+    """Dropout modules to eval mode (identity); returns how many."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.eval()
+            n += 1
+    return n
+
+
+def record_run(model, batches, device, amp=False, lr=0.01, loss_scale=None, seed=0):
+    """Train ``model`` on ``batches`` on ``device``; returns [(name, kind, cpu float32 tensor)] in order.
+
+    ``kind`` is one of forward, loss, grad, buffer. ``loss_scale`` (float16 autocast) multiplies
+    the loss for backward; gradients are divided by it before they are recorded and applied.
+    """
+    model = model.to(device.torch_device)
+    model.train()
+    n_dropout = disable_dropout(model)
+    criterion = torch.nn.CrossEntropyLoss().to(device.torch_device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    records = []
+    prefix = {"step": ""}
+    calls = {}
+    handles = []
+    scale = float(loss_scale) if loss_scale else 1.0
+
+    def forward_hook(name):
+        def hook(module, inputs, output):
+            calls[name] = calls.get(name, 0) + 1
+            label = name if calls[name] == 1 else "{}#{}".format(name, calls[name])
+            for sub, t in _flat_tensors(output, label):
+                if t.is_floating_point():
+                    records.append((prefix["step"] + "forward/" + sub, "forward", _keep(t)))
+        return hook
+
+    def grad_hook(name):
+        def hook(grad):
+            records.append((prefix["step"] + "grad/" + name, "grad", _keep(grad) / scale))
+        return hook
+
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_hook(forward_hook(name or ROOT_NAME)))
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            handles.append(p.register_hook(grad_hook(name)))
+    try:
+        for step, (images, target) in enumerate(batches, start=1):
+            prefix["step"] = "step{}/".format(step)
+            calls.clear()
+            torch.manual_seed(seed + step)
+            x = device.move(images)
+            y = device.move(target).to(device.target_dtype)
+            with device.autocast(enabled=amp):
+                output = model(x)
+                if isinstance(output, tuple):  # (logits, aux logits) of Inception / GoogLeNet in training
+                    output = output[0]
+                loss = criterion(output, y)
+            records.append((prefix["step"] + "loss", "loss", _keep(loss)))
+            optimizer.zero_grad()
+            (loss * scale if scale != 1.0 else loss).backward()
+            if scale != 1.0:
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.div_(scale)
+            optimizer.step()
+            for name, b in model.named_buffers():
+                if b.is_floating_point():
+                    records.append((prefix["step"] + "buffer/" + name, "buffer", _keep(b)))
+        device.synchronize()
+    finally:
+        for h in handles:
+            h.remove()
+    return records, n_dropout
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def compare_tensors(ref, tgt, rtol, atol):
+    """Metrics of ``tgt`` against ``ref`` (float64)."""
+    if tuple(ref.shape) != tuple(tgt.shape):
+        return {"shape": list(ref.shape), "target_shape": list(tgt.shape), "max_abs": None, "mean_abs": None,
+                "rel": None, "ref_max": None, "over": True, "note": "shape differs"}
+    r, t = ref.double(), tgt.double()
+    finite = bool(torch.isfinite(t).all()) and bool(torch.isfinite(r).all())
+    if r.numel() == 0:
+        return {"shape": list(ref.shape), "max_abs": 0.0, "mean_abs": 0.0, "rel": 0.0, "ref_max": 0.0,
+                "over": False}
+    if not finite:
+        same = bool(((r == t) | (torch.isnan(r) & torch.isnan(t))).all())
+        return {"shape": list(ref.shape), "max_abs": None if not same else 0.0, "mean_abs": None,
+                "rel": None if not same else 0.0, "ref_max": None, "over": not same, "note": "inf/nan"}
+    diff = (t - r).abs()
+    max_abs = float(diff.max())
+    ref_max = float(r.abs().max())
+    rel = max_abs / ref_max if ref_max > 0 else (0.0 if max_abs == 0 else math.inf)
+    return {"shape": list(ref.shape), "max_abs": max_abs, "mean_abs": float(diff.mean()), "rel": rel,
+            "ref_max": ref_max, "over": max_abs > atol + rtol * ref_max}
+
+
+def compare_records(ref_records, tgt_records, rtol, atol):
+    """Comparisons in the reference's execution order, plus the names found on one side only."""
+    tgt = {}
+    for name, kind, t in tgt_records:
+        tgt[name] = t
+    rows = []
+    ref_names = set()
+    for order, (name, kind, r) in enumerate(ref_records):
+        ref_names.add(name)
+        if name not in tgt:
+            continue
+        row = {"order": order, "name": name, "kind": kind}
+        row.update(compare_tensors(r, tgt[name], rtol, atol))
+        rows.append(row)
+    only_ref = [n for n, _, _ in ref_records if n not in tgt]
+    only_tgt = [n for n, _, _ in tgt_records if n not in ref_names]
+    return rows, only_ref, only_tgt
+
+
+def module_of(name):
+    """'step1/forward/layer1.0.conv1#2[0]' -> 'layer1.0.conv1'."""
+    part = name.split("/", 2)[-1]
+    for sep in ("#", "["):
+        part = part.split(sep, 1)[0]
+    return part
+
+
+def summarize(rows):
+    over = [r for r in rows if r["over"]]
+    first_forward = next((r for r in rows if r["over"] and r["kind"] == "forward"), None)
+    first_any = over[0] if over else None
+
+    def key(r):
+        return -(r["rel"] if r["rel"] is not None else math.inf)
+
+    worst = sorted(rows, key=key)
+    return {
+        "compared": len(rows), "over_tolerance": len(over),
+        "max_rel": max((r["rel"] for r in rows if r["rel"] is not None), default=0.0),
+        "first_over": first_any["name"] if first_any else None,
+        "first_module_over": module_of(first_forward["name"]) if first_forward else None,
+        "first_forward_over": first_forward["name"] if first_forward else None,
+        "worst": [r["name"] for r in worst[:50]],
+    }
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if v == math.inf:
+        return "inf"
+    return "{:.3e}".format(v)
+
+
+def table(rows, top):
+    worst = sorted(rows, key=lambda r: -(r["rel"] if r["rel"] is not None else math.inf))[:top]
+    width = max([len(r["name"]) for r in worst] + [6])
+    lines = ["{:<{w}}  {:>10}  {:>10}  {:>10}  {:>10}  {:>5}  {}".format(
+        "tensor", "rel", "max_abs", "mean_abs", "ref_max", "order", "", w=width)]
+    for r in worst:
+        lines.append("{:<{w}}  {:>10}  {:>10}  {:>10}  {:>10}  {:>5}  {}".format(
+            r["name"], _fmt(r["rel"]), _fmt(r["max_abs"]), _fmt(r["mean_abs"]), _fmt(r["ref_max"]), r["order"],
+            ("OVER" if r["over"] else "ok") + (" ({})".format(r["note"]) if r.get("note") else ""), w=width))
+    return "\n".join(lines)
+
+
+def compare_precision(model, batches, ref_device, tgt_device, target_amp=False, rtol=1e-3, atol=1e-5,
+                      lr=0.01, loss_scale=None, seed=0):
+    """Run the same steps on both sides and compare; returns the result dict (no printing)."""
+    tgt_model = copy.deepcopy(model)
+    if hasattr(tgt_model, "set_index_dtype"):
+        tgt_model.set_index_dtype(tgt_device.index_dtype)
+    if hasattr(model, "set_index_dtype"):
+        model.set_index_dtype(ref_device.index_dtype)
+    scale = loss_scale if (target_amp and tgt_device.needs_grad_scaler) else None
+    ref_records, n_dropout = record_run(model, batches, ref_device, False, lr, None, seed)
+    tgt_records, _ = record_run(tgt_model, batches, tgt_device, target_amp, lr, scale, seed)
+    rows, only_ref, only_tgt = compare_records(ref_records, tgt_records, rtol, atol)
+    result = {
+        "reference": {"device": ref_device.name, "amp": False},
+        "target": {"device": tgt_device.name, "amp": bool(target_amp),
+                   "amp_dtype": str(tgt_device.amp_dtype).replace("torch.", "") if target_amp else None,
+                   "loss_scale": scale},
+        "rtol": rtol, "atol": atol, "steps": len(batches), "dropout_disabled": n_dropout,
+        "only_in_reference": only_ref, "only_in_target": only_tgt,
+        "rows": rows,
+    }
+    result.update(summarize(rows))
+    return result
+
+
+# ---------------------------------------------------------------- command line
+
+
+def build_parser():
+    from trainer.device import KINDS
+
+    p = cli.UsageParser(prog="compare_precision.py", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-a", "--arch", required=True, help="model of the registry (main.py --list-models)")
+    p.add_argument("--reference", choices=("auto",) + KINDS, default=KINDS[-1],
+                   help="device of the reference side (float32)")
+    p.add_argument("--target", choices=("auto",) + KINDS, default="auto", help="device of the compared side")
+    p.add_argument("--target-amp", action="store_true", help="run the target under the device's autocast")
+    p.add_argument("--steps", type=cli.number(int, 1), default=1, help="training steps on each side")
+    p.add_argument("--rtol", type=cli.number(float, 0.0), default=1e-3, help="relative tolerance (to max|reference|)")
+    p.add_argument("--atol", type=cli.number(float, 0.0), default=1e-5, help="absolute tolerance")
+    p.add_argument("-b", "--batch-size", type=cli.number(int, 1), default=4)
+    p.add_argument("--image-size", type=cli.number(int, 1), default=64)
+    p.add_argument("--num-classes", type=cli.number(int, 1), default=10)
+    p.add_argument("--lr", type=cli.number(float, 0.0), default=0.01, help="SGD learning rate (momentum 0.9)")
+    p.add_argument("--loss-scale", type=cli.number(float, 0.0, exclusive=True), default=128.0,
+                   help="static loss scale of float16 autocast targets")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top", type=cli.number(int, 1), default=15, help="rows of the printed table")
+    p.add_argument("--output", default=None, metavar="FILE.json", help="write every comparison here")
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output")
+    return p
+
+
+def run(args, out=None):
+    import models
+    from trainer.device import Device
+
+    log = cli.printer(out)
+
+    cli.check_arch(args.arch)
+    if args.output is not None:
+        if os.path.isdir(args.output):
+            raise UsageError("--output '{}' is a folder; give a file name".format(args.output))
+        if os.path.exists(args.output) and not args.force:
+            raise UsageError("--output '{}' already exists; pass --force to overwrite it".format(args.output))
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder):
+            raise UsageError("--output folder '{}' does not exist".format(folder))
+    def create(kind, flag):
+        try:
+            return Device.create(kind)
+        except UsageError as exc:  # the device layer's message speaks of --device
+            raise UsageError(str(exc).replace("--device", flag))
+
+    ref = create(args.reference, "--reference")
+    try:
+        tgt = create(args.target, "--target")
+    except RuntimeError as exc:  # a second accelerator in this process
+        raise UsageError("--reference {} and --target {}: one process drives one accelerator ({}); "
+                         "compare each with the CPU".format(args.reference, args.target, str(exc).splitlines()[0]))
+    if tgt.name == ref.name and not args.target_amp:
+        log("note: reference and target are both {} in float32: this checks that a step is reproducible".format(
+            ref.name))
+
+    torch.manual_seed(args.seed)
+    model = models.get_model(args.arch, num_classes=args.num_classes)
+    gen = torch.Generator().manual_seed(args.seed)
+    s = args.image_size
+    batches = [(torch.randn(args.batch_size, 3, s, s, generator=gen),
+                torch.randint(0, args.num_classes, (args.batch_size,), generator=gen)) for _ in range(args.steps)]
+    log("=> {}: reference {} float32 vs target {} {} | {} step(s), batch {} x 3x{}x{} | rtol {:g}, atol {:g}".format(
+        args.arch, ref.name, tgt.name,
+        str(tgt.amp_dtype).replace("torch.", "") + " autocast" if args.target_amp else "float32",
+        args.steps, args.batch_size, s, s, args.rtol, args.atol))
+    try:
+        result = compare_precision(model, batches, ref, tgt, args.target_amp, args.rtol, args.atol, args.lr,
+                                   args.loss_scale, args.seed)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UsageError("--arch {} does not train on {}x3x{}x{} batches on {} ({}); try another --image-size or "
+                         "--batch-size".format(args.arch, args.batch_size, s, s, tgt.name, first))
+    result.update({"arch": args.arch, "batch_size": args.batch_size, "image_size": s,
+                   "num_classes": args.num_classes, "seed": args.seed, "lr": args.lr})
+    rows = result["rows"]
+    log(table(rows, args.top))
+    if result["dropout_disabled"]:
+        log("note: {} dropout module(s) switched off on both sides".format(result["dropout_disabled"]))
+    if result["only_in_reference"] or result["only_in_target"]:
+        log("note: {} tensor(s) only in the reference, {} only in the target (the model takes another path "
+            "there; not compared)".format(len(result["only_in_reference"]), len(result["only_in_target"])))
+    if result["over_tolerance"]:
+        first = next(r for r in rows if r["name"] == result["first_over"])
+        log("=> {} of {} tensors over tolerance (largest relative error {}); first in execution order: {} "
+            "(rel {}, max abs {})".format(result["over_tolerance"], result["compared"], _fmt(result["max_rel"]),
+                                          first["name"], _fmt(first["rel"]), _fmt(first["max_abs"])))
+        if result["first_module_over"] is not None:
+            log("=> first module over tolerance: {} ({})".format(result["first_module_over"],
+                                                                  result["first_forward_over"]))
+    else:
+        log("=> all {} tensors within tolerance (largest relative error {})".format(
+            result["compared"], _fmt(result["max_rel"])))
+    if args.output is not None:
+        tmp = args.output + ".tmp-{}".format(os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(_jsonable(result), f, indent=1)
+        os.replace(tmp, args.output)
+        log("=> comparison: {}".format(os.path.abspath(args.output)))
+    return 1 if result["over_tolerance"] else 0
+
+
+def _jsonable(obj):
+    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def main(argv=None):
+    return cli.run(lambda a: run(build_parser().parse_args(a)), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

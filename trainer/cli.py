@@ -1,0 +1,61 @@
+"""Command-line plumbing shared by main.py and the tools: one-line errors, exit code 2."""
+import argparse
+import math
+import sys
+
+from trainer.errors import UsageError, one_line
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def number(cast, minimum, exclusive=False):
+    """argparse type: ``cast(text)``, at least ``minimum`` (above it if ``exclusive``); nan rejected."""
+    kind = "a whole number" if cast is int else "a number"
+    bound = "{} {}".format("above" if exclusive else "at least", minimum)
+
+    def parse(text):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("must be {}, got '{}'".format(kind, text))
+        if cast is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError("must be a finite number, got '{}'".format(text))
+        if not (value > minimum if exclusive else value >= minimum):
+            raise argparse.ArgumentTypeError("must be {} {}, got '{}'".format(kind, bound, text))
+        return value
+    return parse
+
+
+def report(exc):
+    """Print a UsageError as ``error: <one line>`` on stderr; returns its exit code."""
+    sys.stderr.write("error: {}\n".format(one_line(exc)))
+    sys.stderr.flush()
+    return exc.exit_code
+
+
+def run(main_fn, argv=None):
+    """Call ``main_fn(argv)``; a UsageError becomes its one-line report and exit code."""
+    try:
+        return main_fn(argv)
+    except UsageError as exc:
+        return report(exc)
+
+
+def printer(out=None):
+    """``log(msg)``: one flushed line on ``out`` (default: stdout at call time)."""
+    def log(msg):
+        stream = out or sys.stdout
+        stream.write(msg + "\n")
+        stream.flush()
+    return log
+
+
+def check_arch(name):
+    import models
+    if name not in models.list_models():
+        raise UsageError(models.unknown_message(name))

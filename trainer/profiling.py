@@ -1,0 +1,247 @@
+"""Step profiling for ``main.py --profile-steps START:END [--profile-stop]``.
+
+``StepProfiler.step(global_step)`` is called by the engine after every training step with the
+0-based global step index (epoch * steps_per_epoch + i). Recording starts when step START-1 has
+completed (at construction when START is 0), so steps START..END-1 are recorded, and stops when
+step END-1 has completed. Then it writes, into the output folder:
+
+* a Chrome trace, ``profile_rank<R>.json`` (open it in chrome://tracing or https://ui.perfetto.dev),
+  where the profiler has ``export_chrome_trace`` and ``key_averages`` (torch.profiler); a profiler
+  without ``key_averages`` (torch_npu.profiler) writes its own result folder instead,
+  ``profile_rank<R>/`` via its ``tensorboard_trace_handler``, holding ``*_ascend_pt/ASCEND_PROFILER_OUTPUT/``
+  (``trace_view.json``, ``op_statistic.csv``, ...), recorded at profiler level 1 where the profiler
+  has levels, so that the device's op statistics are among them;
+* an op table, ``profile_ops_rank<R>.txt``: ``key_averages().table`` sorted by device time where the
+  profiler recorded a device, else by CPU time; without ``key_averages`` the table is built from the
+  exported files (the device's op statistics when present, then the events of the trace).
+
+With ``stop`` true, ``stop_run`` becomes True once the profiled steps are done, and the engine ends
+the run there. The profiler module and its activities come from the device layer
+(``device.profiler_activities()``); nothing here names a device kind.
+
+``close()`` writes a range the run never finished (a run shorter than END): the trainer should call
+it once after its last training step.
+"""
+import csv
+import glob
+import json
+import os
+
+TABLE_ROWS = 60
+
+
+class StepProfiler:
+    def __init__(self, steps, stop, device, output_dir, rank, log):
+        self.start_step, self.end_step = int(steps[0]), int(steps[1])
+        if self.start_step < 0 or self.end_step <= self.start_step:
+            raise ValueError("profile steps must be START:END with 0 <= START < END, got {}".format(steps))
+        self.stop = bool(stop)
+        self.device = device
+        self.output_dir = output_dir
+        self.rank = int(rank)
+        self.log = log
+        self.stop_run = False
+        self.done = False
+        self.files = []
+        self._prof = None
+        self._module, self._activities = device.profiler_activities()
+        self._has_table = hasattr(self._module.profile, "key_averages")
+        if self.start_step == 0:
+            self._begin(0)
+
+    # -- paths
+    @property
+    def trace_path(self):
+        return os.path.join(self.output_dir, "profile_rank{}.json".format(self.rank))
+
+    @property
+    def trace_dir(self):
+        return os.path.join(self.output_dir, "profile_rank{}".format(self.rank))
+
+    @property
+    def table_path(self):
+        return os.path.join(self.output_dir, "profile_ops_rank{}.txt".format(self.rank))
+
+    @property
+    def recording(self):
+        return self._prof is not None
+
+    # -- called by the engine
+    def step(self, global_step):
+        """``global_step`` (0-based) has just completed."""
+        if self.done:
+            return
+        if self._prof is None:
+            if global_step >= self.end_step - 1:
+                # The run started (resumed) past the range: nothing left to record.
+                self.done = True
+                self.log("warning: --profile-steps {}:{}: the run is already at global step {}; nothing recorded"
+                         .format(self.start_step, self.end_step, global_step + 1))
+                if self.stop:
+                    self.stop_run = True
+                return
+            if global_step >= self.start_step - 1:
+                self._begin(global_step + 1)
+            return
+        if global_step >= self.end_step - 1:
+            self._finish()
+            if self.stop:
+                self.stop_run = True
+
+    def close(self):
+        """End of the run: write what was recorded if the range was not reached."""
+        if self._prof is not None and not self.done:
+            self.log("note: the run ended before global step {}: writing the steps recorded so far"
+                     .format(self.end_step))
+            self._finish()
+
+    # -- internals
+    def _begin(self, first):
+        kwargs = {"activities": self._activities, "record_shapes": True}
+        if not self._has_table:
+            os.makedirs(self.trace_dir, exist_ok=True)
+            kwargs["on_trace_ready"] = self._module.tensorboard_trace_handler(
+                self.trace_dir, worker_name="rank{}".format(self.rank))
+            config = self._op_statistics_config()
+            if config is not None:
+                kwargs["experimental_config"] = config
+        self.device.synchronize()
+        self._prof = self._module.profile(**kwargs)
+        self._prof.start()
+        self.log("=> profiler: recording global steps {}..{} on {} (rank {})".format(
+            first, self.end_step - 1, self.device.name, self.rank))
+
+    def _op_statistics_config(self):
+        """Profiler level 1 where the profiler has levels: its results then hold op_statistic.csv."""
+        make = getattr(self._module, "_ExperimentalConfig", None)
+        level = getattr(getattr(self._module, "ProfilerLevel", None), "Level1", None)
+        if make is None or level is None:
+            return None
+        try:
+            return make(profiler_level=level)
+        except Exception:
+            return None
+
+    def _finish(self):
+        prof, self._prof = self._prof, None
+        self.done = True
+        self.device.synchronize()
+        try:
+            prof.stop()
+            os.makedirs(self.output_dir, exist_ok=True)
+            if self._has_table:
+                prof.export_chrome_trace(self.trace_path)
+                table = self._key_average_table(prof)
+                self.files = [self.trace_path, self.table_path]
+            else:
+                table = table_from_exported(self.trace_dir)
+                self.files = [self.trace_dir, self.table_path]
+            with open(self.table_path, "w") as f:
+                f.write(table)
+                if not table.endswith("\n"):
+                    f.write("\n")
+        except Exception as exc:  # a failed export must not end the training run
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            self.log("warning: profiler results not written ({}: {})".format(type(exc).__name__, first[:200]))
+            return
+        self.log("=> profiler: trace and op table written: {}".format(
+            ", ".join(os.path.abspath(p) for p in self.files)))
+
+    def _key_average_table(self, prof):
+        averages = prof.key_averages()
+        sort_by = "self_cpu_time_total"
+        if len(self._activities) > 1 and len(averages):
+            # Device time where the profiler recorded a device: the attribute is
+            # self_device_time_total on newer torch, self_<kind>_time_total on older ones.
+            for key in ("self_device_time_total", "self_{}_time_total".format(self.device.kind)):
+                if hasattr(averages[0], key):
+                    sort_by = key
+                    break
+        header = "# global steps {}..{} on {}, rank {}; sorted by {}\n".format(
+            self.start_step, self.end_step - 1, self.device.name, self.rank, sort_by)
+        return header + averages.table(sort_by=sort_by, row_limit=TABLE_ROWS)
+
+
+# ---------------------------------------------------------------- tables from exported files
+
+
+def trace_events(path):
+    """The events of a Chrome trace file: ``{"traceEvents": [...]}`` or a bare list."""
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        data = data.get("traceEvents", [])
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+
+def table_from_trace(path, rows=TABLE_ROWS):
+    """Op table from a Chrome trace: complete events grouped by name, by total duration."""
+    stats = {}
+    for e in trace_events(path):
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        try:
+            dur = float(e["dur"])  # a number, or a numeric string in some exporters
+        except (TypeError, ValueError):
+            continue
+        name = str(e.get("name", "?"))
+        cat = str(e.get("cat", ""))
+        count, total = stats.get((name, cat), (0, 0.0))
+        stats[(name, cat)] = (count + 1, total + dur)
+    ordered = sorted(stats.items(), key=lambda kv: -kv[1][1])[:rows]
+    width = max([len(n) for (n, _), _ in ordered] + [4])
+    lines = ["# from {}: complete events by total duration".format(path),
+             "{:<{w}}  {:<16}  {:>8}  {:>14}  {:>12}".format("Name", "Category", "Calls", "Total (us)",
+                                                                 "Avg (us)", w=width)]
+    for (name, cat), (count, total) in ordered:
+        lines.append("{:<{w}}  {:<16}  {:>8}  {:>14.1f}  {:>12.1f}".format(
+            name, cat[:16], count, total, total / count, w=width))
+    return "\n".join(lines) + "\n"
+
+
+SORT_COLUMNS = ("Total Time(us)", "Device Self Duration(us)", "Device Total Duration(us)", "Duration(us)")
+
+
+def _number(text):
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def table_from_csv(path, rows=TABLE_ROWS):
+    """A CSV op statistic (e.g. ``op_statistic.csv``) as an aligned table, longest first."""
+    with open(path, newline="") as f:
+        table = list(csv.reader(f))
+    if not table:
+        return "# {} is empty\n".format(path)
+    header, body = table[0], table[1:]
+    for col in SORT_COLUMNS:  # longest first where the file has a duration column
+        if col in header:
+            i = header.index(col)
+            body.sort(key=lambda r: -_number(r[i]) if i < len(r) else 0.0)
+            break
+    table = [header] + body[:rows]
+    widths = [max(len(r[i]) if i < len(r) else 0 for r in table) for i in range(len(table[0]))]
+    lines = ["# from {}".format(path)]
+    for r in table:
+        lines.append("  ".join(c.ljust(widths[i]) if i < len(widths) else c for i, c in enumerate(r)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def table_from_exported(folder):
+    """Op table from a profiler's result folder: its op statistics, else its trace."""
+    parts = []
+    for name in ("op_statistic.csv", "operator_details.csv"):
+        found = sorted(glob.glob(os.path.join(folder, "**", name), recursive=True))
+        if found:
+            parts.append(table_from_csv(found[-1]))
+            break
+    traces = sorted(glob.glob(os.path.join(folder, "**", "trace_view.json"), recursive=True))
+    if not traces:
+        traces = sorted(glob.glob(os.path.join(folder, "**", "*.json"), recursive=True))
+    if traces:
+        parts.append(table_from_trace(traces[-1]))
+    if not parts:
+        return "# no op statistics or trace found under {}\n".format(folder)
+    return "\n".join(parts)
