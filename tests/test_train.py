@@ -158,7 +158,7 @@ def test_ctrl_c_writes_interrupted_summary(shapes, tmp_path):
                           "--output-dir", str(tmp_path), "-p", "1"] + SMALL[:6] + ["-j", "0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     for line in p.stdout:
-        if line.startswith("Epoch: [0][ 2/"):
+        if re.match(r"Epoch: \[0\]\[\s*2/", line):
             break
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=120)
