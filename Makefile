@@ -25,10 +25,10 @@ lint: install
 # A small learnable data set (10 classes of drawn shapes) and a short ShuffleNetV2 run on
 # whatever device is present. Each run writes a fresh folder under demo_output/.
 demo: install
-	@test -d demo_data/train || $(PY) tools/make_dataset.py demo_data --train-per-class 100 --val-per-class 30 --size 64
-	$(PY) main.py demo_data -a shufflenet_v2_x0_5_npu --epochs 6 -b 32 --lr 0.4 --warmup-epochs 1 \
+	@test -d demo_data/train || $(PY) tools/make_dataset.py demo_data --train-per-class 200 --val-per-class 30 --size 64
+	$(PY) main.py demo_data -a shufflenet_v2_x0_5_npu --epochs 8 -b 16 --lr 0.1 --warmup-epochs 1 \
 		--lr-schedule cosine --wd 4e-5 -j 2 --train-crop-size 64 --val-resize-size 64 --val-crop-size 64 \
-		--seed 0 -p 20 --output-dir demo_output/$$(date +%Y%m%d-%H%M%S)
+		--crop-scale-min 0.35 --seed 0 -p 50 --output-dir demo_output/$$(date +%Y%m%d-%H%M%S)
 
 clean-demo:
 	rm -rf demo_data demo_output

@@ -466,7 +466,7 @@ drv_build_command() {
     DRV_CMD+=(--device "$device" --output-dir "$output_dir")
     [[ -z $recipe ]] || DRV_CMD+=(--recipe "$recipe")
     [[ -z $warmup ]] || DRV_CMD+=(--warmup-epochs "$warmup")
-    [[ -z $steps ]] || DRV_CMD+=(--max-steps-per-epoch "$steps")
+    [[ -z $steps ]] || DRV_CMD+=(--max-steps-per-epoch "$steps" --no-validate)
     [[ -z $opt_resume ]] || DRV_CMD+=(--resume "$opt_resume")
     DRV_CMD+=(${DRV_PREC[@]+"${DRV_PREC[@]}"})
     if [[ $DRV_SCALE == 1p ]]; then

@@ -72,7 +72,10 @@ def assert_case_log(out_dir, case, network, rank_size, batch, summary):
     # every figure comes from summary.json, formatted
     assert values["ActualFPS"] == "{:.2f}".format(summary["train_fps"])
     assert values["TrainingTime"] == "{:.2f}".format(summary["train_step_time_ms"])
-    assert values["TrainAccuracy"] == "{:.3f}".format(summary["final_acc1"])
+    if summary["final_acc1"] is None:  # performance runs skip validation
+        assert values["TrainAccuracy"] == acceptance.MISSING and "perf" in case
+    else:
+        assert values["TrainAccuracy"] == "{:.3f}".format(summary["final_acc1"])
     assert values["ActualLoss"] == "{:.4f}".format(summary["final_loss"])
     assert values["E2ETrainingTime"] == str(int(round(summary["e2e_seconds"])))
     return values

@@ -53,6 +53,7 @@ class Config:
     num_classes: Optional[int]
     output_dir: str
     eval_freq: int
+    validate: bool
     max_steps_per_epoch: Optional[int]
     fps_warmup_steps: int
     zero_init_residual: bool
@@ -202,6 +203,8 @@ def build_parser():
                    help="checkpoints and summary.json go here")
     o.add_argument("--eval-freq", type=number(int, 1), default=1,
                    help="validate every N epochs (and always after the last)")
+    o.add_argument("--no-validate", dest="validate", action="store_false",
+                   help="skip validation (performance runs); no Acc@1, no model_best")
     o.add_argument("--max-steps-per-epoch", type=number(int, 1), default=None,
                    help="cap the training steps per epoch (performance runs)")
     o.add_argument("--fps-warmup-steps", type=number(int, 0), default=5,
@@ -284,6 +287,8 @@ def validate(ns, env):
         raise UsageError("--start-epoch {} leaves nothing to train with --epochs {}".format(ns.start_epoch, ns.epochs))
     if ns.amp_impl == "apex" and not ns.amp:
         raise UsageError("--amp-impl apex needs --amp")
+    if ns.evaluate and not ns.validate:
+        raise UsageError("--evaluate with --no-validate has nothing to do")
     if ns.profile_stop and ns.profile_steps is None:
         raise UsageError("--profile-stop needs --profile-steps START:END")
     if ns.recipe is not None:
@@ -300,7 +305,7 @@ def validate(ns, env):
         label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
         train_crop_size=ns.train_crop_size, crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
         val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, num_classes=ns.num_classes,
-        output_dir=ns.output_dir, eval_freq=ns.eval_freq, max_steps_per_epoch=ns.max_steps_per_epoch,
+        output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate, max_steps_per_epoch=ns.max_steps_per_epoch,
         fps_warmup_steps=ns.fps_warmup_steps, zero_init_residual=ns.zero_init_residual,
         recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
         launch=dist["launch"], world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],

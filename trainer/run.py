@@ -202,7 +202,7 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
         wall += tr["seconds"]
         done = epoch + 1
         val = None
-        if done % cfg.eval_freq == 0 or done == cfg.epochs or engine.stop_requested:
+        if cfg.validate and (done % cfg.eval_freq == 0 or done == cfg.epochs or engine.stop_requested):
             val = engine.validate(val_loader, model_for_eval)
             last_val = val
         is_best = val is not None and (best_acc1 is None or val["acc1"] > best_acc1)
