@@ -1,5 +1,5 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
-# The body of the ModelZoo-style drivers in test/ (sourced by each; see docs/DRIVERS.md):
+# The body of the ModelZoo-style drivers in test/ (sourced by each; see README.md, "ModelZoo-style drivers"):
 #   train_full_1p.sh         accuracy run, one device
 #   train_full_8p.sh         accuracy run, one process per device (default 8)
 #   train_performance_1p.sh  bounded run for FPS, one device
