@@ -156,7 +156,9 @@ def test_ctrl_c_writes_interrupted_summary(shapes, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
     p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), shapes, "-a", "resnet18", "--epochs", "50", "-b", "4",
                           "--output-dir", str(tmp_path), "-p", "1"] + SMALL[:6] + ["-j", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         # a background job inherits SIGINT ignored; a terminal's Ctrl-C is not
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in p.stdout:
         if re.match(r"Epoch: \[0\]\[\s*2/", line):
             break
