@@ -121,6 +121,14 @@ def test_refuses_to_overwrite_an_existing_run(full_run, learnable):
     assert (out / "checkpoint.pth.tar").read_bytes() == before
 
 
+def test_resuming_a_finished_run_changes_nothing(full_run, learnable):
+    out, _ = full_run
+    before = {f: (out / f).read_bytes() for f in ("summary.json", "checkpoint.pth.tar")}
+    proc = run_main([learnable, "--epochs", "2", "--resume", "auto", "--output-dir", str(out)] + TRAIN)
+    assert proc.returncode == 2 and "nothing left to train" in proc.stderr, proc.stderr[-2000:]
+    assert {f: (out / f).read_bytes() for f in before} == before
+
+
 def test_hard_crash_while_writing_checkpoint_keeps_previous(tmp_path):
     path = tmp_path / "checkpoint.pth.tar"
     code = (

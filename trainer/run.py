@@ -91,16 +91,16 @@ def _body(cfg, device, dist, log):
     try:
         return _run(cfg, device, dist, log, world, batch_per_rank, workers, rs)
     except KeyboardInterrupt:
-        if rs is not None:
+        if rs is not None and rs.started:
             rs.write("interrupted", "interrupted by the user")
         log.warn("interrupted")
         return 130
     except UsageError as exc:
-        if rs is not None:
+        if rs is not None and rs.started:
             rs.write("failed", one_line(exc))
         raise
     except BaseException as exc:
-        if rs is not None:
+        if rs is not None and rs.started:
             rs.write("failed", "{}: {}".format(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
         raise
 
@@ -161,6 +161,9 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
 
     start_epoch, best_acc1 = cfg.start_epoch, None
     if ckpt is not None:
+        if int(ckpt["epoch"]) >= cfg.epochs:
+            raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
+                             "--epochs to continue)".format(resume_path, ckpt["epoch"], cfg.epochs))
         start_epoch, best_acc1 = _restore(cfg, ckpt, model, optimizer, mp, device, log, resume_path)
 
     model_for_eval = model
@@ -192,6 +195,8 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
 
     timed_images = timed_seconds = timed_steps = wait = wall = 0.0
     last_val = None
+    if rs is not None:
+        rs.started = True
     for epoch in range(start_epoch, cfg.epochs):
         tr = engine.train_one_epoch(train_loader, epoch, steps)
         if tr["fps"] is not None:
@@ -260,6 +265,8 @@ def _evaluate(cfg, device, dist, log, model, mp, normalizer, val_loader, info, r
     elif cfg.pretrained is None:
         log("warning: --evaluate without --resume or --pretrained evaluates randomly initialised weights")
     engine = Engine(model, None, None, mp, device, dist, normalizer, None, cfg, log)
+    if rs is not None:
+        rs.started = True
     val = engine.validate(val_loader, model)
     if rs is not None:
         rs.update(device=device.name, world_size=dist.world_size, per_device_batch_size=cfg.batch_size // dist.world_size,

@@ -17,6 +17,7 @@ class RunSummary:
     def __init__(self, cfg, path):
         self.path = path
         self.t0 = time.time()
+        self.started = False  # until the run starts, a failure leaves an existing summary alone
         self.data = {
             "status": "running", "error": None, "arch": cfg.arch, "device": None,
             "world_size": cfg.world_size, "global_batch_size": cfg.batch_size,
