@@ -66,7 +66,7 @@ class Sums:
 
     def add(self, loss_sum, c1, c5, n):
         self.total += torch.stack([loss_sum.detach().float().reshape(()), c1.float(), c5.float(),
-                                   n.float() if torch.is_tensor(n) else torch.tensor(float(n), device=c1.device)])
+                                   n.float() if torch.is_tensor(n) else torch.full((), float(n), device=c1.device)])
 
     def read(self, reduce_fn=None):
         """Host values (reduced over processes by ``reduce_fn``): (interval, running) dicts."""
