@@ -26,9 +26,9 @@ lint: install
 # whatever device is present. Each run writes a fresh folder under demo_output/.
 demo: install
 	@test -d demo_data/train || $(PY) tools/make_dataset.py demo_data --train-per-class 200 --val-per-class 30 --size 64
-	$(PY) main.py demo_data -a shufflenet_v2_x0_5_npu --epochs 8 -b 16 --lr 0.1 --warmup-epochs 1 \
-		--lr-schedule cosine --wd 4e-5 -j 2 --train-crop-size 64 --val-resize-size 64 --val-crop-size 64 \
-		--crop-scale-min 0.35 --seed 0 -p 50 --output-dir demo_output/$$(date +%Y%m%d-%H%M%S)
+	$(PY) main.py demo_data -a shufflenet_v2_x0_5_npu --epochs 10 --eval-freq 5 -b 16 --lr 0.1 \
+		--warmup-epochs 1 --lr-schedule cosine --wd 4e-5 -j 2 --train-crop-size 56 --val-resize-size 64 \
+		--val-crop-size 56 --crop-scale-min 0.35 --seed 0 -p 50 --output-dir demo_output/$$(date +%Y%m%d-%H%M%S)
 
 clean-demo:
 	rm -rf demo_data demo_output
