@@ -236,6 +236,7 @@ def write_report(report, output_dir):
 
 
 def build_parser():
+    from trainer.device import KINDS
     p = cli.UsageParser(prog="op_report.py", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-a", "--arch", required=True, help="model of the registry (main.py --list-models)")
@@ -245,7 +246,7 @@ def build_parser():
     p.add_argument("-b", "--batch-size", type=cli.number(int, 1), default=8)
     p.add_argument("--image-size", type=cli.number(int, 1), default=64)
     p.add_argument("--num-classes", type=cli.number(int, 1), default=10)
-    p.add_argument("--device", choices=("auto", "npu", "cuda", "cpu"), default="cpu")
+    p.add_argument("--device", choices=("auto",) + KINDS, default="cpu")
     p.add_argument("--amp", action="store_true", help="train under the device's autocast")
     p.add_argument("--supported-ops", default=None, metavar="FILE",
                    help="supported op names, one a line: lists the recorded ops it lacks")
