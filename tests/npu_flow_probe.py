@@ -15,7 +15,7 @@ cfg, _ = parse_config(["--dummy", "--device", "npu", "--gpu", "5", "-a", "tiny_c
                        sys.argv[1], "--epochs", "1"], env={})
 torch_npu.reset_calls()
 try:
-    run._train_or_evaluate(cfg)
+    run.worker(cfg)
     stopped = None
 except Exception as exc:
     stopped = type(exc).__name__

@@ -41,25 +41,29 @@ obs["index_dtype"] = str(dev.index_dtype)
 obs["pin_memory"] = dev.pin_memory
 obs["backend"] = dev.dist_backend
 obs["ddp_device_ids"] = dev.ddp_device_ids
-obs["amp_dtype"] = str(dev.amp_dtype)
+obs["amp_dtype"] = str(dev.resolve_amp_dtype("auto")[0])
 
-# 2. autocast and GradScaler come from torch_npu.npu.amp
-ctx = dev.autocast(True)
+# 2. autocast and GradScaler come from torch_npu.npu.amp; a static scale is a dynamic scaler held fixed
+ctx = dev.autocast(torch.float16)
 obs["autocast_type"] = type(ctx).__module__ + "." + type(ctx).__name__
 static = dev.grad_scaler(128.0)
 dynamic = dev.grad_scaler(None)
 obs["scaler_type"] = type(static).__module__ + "." + type(static).__name__
 obs["scaler_static_dynamic_flag"] = [static.state_dict().get("dynamic"), dynamic.state_dict().get("dynamic")]
 obs["scaler_static_scale"] = float(static.get_scale())
+try:
+    dev.resolve_amp_dtype("bfloat16")
+    obs["bf16"] = "allowed"
+except UsageError as exc:
+    obs["bf16"] = str(exc)
 
 # 3. optimizer
 model = torch.nn.Linear(4, 3)
-opt, name = dev.sgd(model.parameters(), 0.1, 0.9, 1e-4)
-obs["optimizer"] = name
-obs["optimizer_module"] = type(opt).__module__
-obs["grads_to_none"] = devmod.Device.zero_grad_to_none(name)
-opt2, name2 = dev.sgd(model.parameters(), 0.1, 0.9, 1e-4, apex_amp_in_use=True)
-obs["optimizer_with_apex"] = name2
+choice = dev.sgd(model.parameters(), 0.1, 0.9, 1e-4)
+obs["optimizer"] = choice.name
+obs["optimizer_module"] = type(choice.optimizer).__module__
+obs["grads_to_none"] = choice.grads_to_none
+obs["optimizer_with_apex"] = dev.sgd(model.parameters(), 0.1, 0.9, 1e-4, apex_amp_in_use=True).name
 
 
 def cfg_for(*argv):
@@ -67,40 +71,56 @@ def cfg_for(*argv):
     return cfg
 
 
-# 4. native amp on the NPU path: scaler from torch_npu, overflow counted
-cfg = cfg_for("--amp", "--device", "npu")
-mp = ampmod.MixedPrecision(cfg, dev)
-m = torch.nn.Linear(4, 3)
-o, oname = dev.sgd(m.parameters(), 0.1, 0.0, 0.0)
-m, o = mp.setup(m, o)
-x, y = torch.randn(8, 4), torch.randint(0, 3, (8,), dtype=torch.int32)
-for poison in (False, True):
-    with mp.autocast():
-        loss = torch.nn.functional.cross_entropy(m(x), y.long())
-    if poison:
-        loss = loss * float("inf")
-    o.zero_grad(set_to_none=devmod.Device.zero_grad_to_none(oname))
-    mp.backward_step(loss, o)
-obs["native_overflow_steps"] = mp.overflow_steps()
-obs["native_state_keys"] = sorted(mp.state_dict())
-obs["native_describe"] = mp.describe()
+def train_steps(cfg, poison_at, n=4, momentum=0.0):
+    """n steps of a Linear model through the OptimizerStep; inf loss at the steps in poison_at.
+    Returns (step, [(params before, params after, skipped?) per step], calls recorded)."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3)
+    torch_npu.reset_calls()
+    apex.reset_calls()
+    prec = ampmod.resolve(cfg, dev)
+    m, step = ampmod.build_step(prec, dev, m, 0.1, momentum, 0.0)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,), dtype=torch.int32)
+    trace = []
+    for i in range(n):
+        before = [p.detach().clone() for p in m.parameters()]
+        with step.autocast():
+            loss = torch.nn.functional.cross_entropy(m(x), y.long())
+        if i in poison_at:
+            loss = loss * float("inf")
+        step.zero_grad()
+        found = step(loss)
+        after = [p.detach().clone() for p in m.parameters()]
+        trace.append({"unchanged": all(torch.equal(a, b) for a, b in zip(before, after)),
+                      "found": None if found is None else float(found)})
+    return step, trace
 
-# 5. apex on the NPU path: initialize with combine_grad, scale_loss, state in checkpoints
+
+# 4. native amp on the NPU path: overflow steps skipped and counted, dynamic and static scale
+step, trace = train_steps(cfg_for("--amp", "--device", "npu"), poison_at={1})
+obs["native_trace"] = trace
+obs["native_overflow_steps"] = step.overflow_steps()
+obs["native_state_keys"] = sorted(step.state_dict())
+obs["native_describe"] = step.describe()
+obs["native_calls"] = [c[0] + ("" if c[0] != "GradScaler.step" else ":" + str(c[1])) for c in torch_npu.calls
+                       if c[0].startswith("GradScaler")]
+step, trace = train_steps(cfg_for("--amp", "--device", "npu", "--loss-scale", "128"), poison_at={0, 2})
+obs["static_trace"] = trace
+obs["static_scale_after"] = step.loss_scale()
+obs["static_overflow_steps"] = step.overflow_steps()
+
+# 5. apex on the NPU path: initialize with combine_grad, a static scale held by min = max, scale_loss
 cfg = cfg_for("--amp", "--amp-impl", "apex", "--opt-level", "O2", "--loss-scale", "128", "--device", "npu")
-ampmod.MixedPrecision.check(cfg, "npu")
-mp = ampmod.MixedPrecision(cfg, dev)
-m = torch.nn.Linear(4, 3)
-o, oname = dev.sgd(m.parameters(), 0.1, 0.9, 0.0, apex_amp_in_use=True)
-m, o = mp.setup(m, o)
-with mp.autocast():
-    loss = torch.nn.functional.cross_entropy(m(x), y.long())
-o.zero_grad(set_to_none=False)
-mp.backward_step(loss, o)
+ampmod.check(cfg, "npu")
+step, trace = train_steps(cfg, poison_at={1}, momentum=0.9)
 init = [c for c in apex.calls if c[0] == "initialize"]
-obs["apex_initialize"] = {k: v for k, v in init[0][1].items() if k in ("opt_level", "loss_scale", "combine_grad")}
+obs["apex_initialize"] = {k: v for k, v in init[0][1].items()
+                          if k in ("opt_level", "loss_scale", "combine_grad", "min_loss_scale", "max_loss_scale")}
 obs["apex_scale_loss_calls"] = sum(1 for c in apex.calls if c[0] == "scale_loss")
-obs["apex_state_keys"] = sorted(mp.state_dict())
-obs["apex_optimizer"] = oname
+obs["apex_trace"] = trace
+obs["apex_scale_after"] = step.loss_scale()
+obs["apex_state_keys"] = sorted(step.state_dict())
+obs["apex_optimizer"] = step.name
 
 # 6. device list checks before any process starts
 from trainer import distributed  # noqa: E402

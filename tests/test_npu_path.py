@@ -45,17 +45,36 @@ def test_int32_targets_no_pinned_memory_hccl(obs):
 
 
 def test_amp_comes_from_torch_npu(obs):
-    assert obs["amp_dtype"] == "torch.float16"
+    assert obs["amp_dtype"] == "torch.float16"  # auto on NPU: the guides' float16 + scaler
     assert obs["autocast_type"].startswith("torch_npu.npu.amp")
     assert obs["scaler_type"].startswith("torch_npu.npu.amp")
-    assert obs["scaler_static_dynamic_flag"] == [False, True]
+    # static scales are dynamic scalers held fixed: torch_npu's dynamic=False never checks for inf/NaN
+    assert obs["scaler_static_dynamic_flag"] == [True, True]
     assert obs["scaler_static_scale"] == 128.0
 
 
-def test_dynamic_scaler_counts_overflow(obs):
+def _skipped_exactly(trace, poisoned):
+    return [t["unchanged"] for t in trace] == [i in poisoned for i in range(len(trace))] and \
+        [t["found"] for t in trace] == [1.0 if i in poisoned else 0.0 for i in range(len(trace))]
+
+
+def test_native_scaler_skips_overflow_steps_and_counts_them(obs):
+    assert _skipped_exactly(obs["native_trace"], {1})
     assert obs["native_overflow_steps"] == 1
     assert obs["native_describe"]["impl"] == "native" and obs["native_describe"]["dtype"] == "float16"
+    assert obs["native_describe"]["final_loss_scale"] == 65536.0 / 2  # backed off once
     assert "scaler" in obs["native_state_keys"]
+    # torch_npu's GradScaler decides: step, step skipped, and update after each
+    assert obs["native_calls"] == ["GradScaler", "GradScaler.step:stepped", "GradScaler.update",
+                                   "GradScaler.step:skipped", "GradScaler.update",
+                                   "GradScaler.step:stepped", "GradScaler.update",
+                                   "GradScaler.step:stepped", "GradScaler.update"]
+
+
+def test_static_scale_skips_overflow_steps_and_stays(obs):
+    assert _skipped_exactly(obs["static_trace"], {0, 2})
+    assert obs["static_scale_after"] == 128.0
+    assert obs["static_overflow_steps"] == 2
 
 
 def test_fused_sgd_and_zero_grad(obs):
@@ -65,9 +84,13 @@ def test_fused_sgd_and_zero_grad(obs):
     assert obs["optimizer_with_apex"] == "apex.optimizers.NpuFusedSGD"
 
 
-def test_apex_initialize_with_combine_grad(obs):
-    assert obs["apex_initialize"] == {"opt_level": "O2", "loss_scale": 128.0, "combine_grad": True}
-    assert obs["apex_scale_loss_calls"] == 1
+def test_apex_initialize_with_combine_grad_and_a_held_static_scale(obs):
+    # apex's static mode never skips an overflow step; its dynamic mode held at 128 does
+    assert obs["apex_initialize"] == {"opt_level": "O2", "loss_scale": "dynamic", "combine_grad": True,
+                                      "min_loss_scale": 128.0, "max_loss_scale": 128.0}
+    assert obs["apex_scale_loss_calls"] == 4
+    assert _skipped_exactly(obs["apex_trace"], {1})
+    assert obs["apex_scale_after"] == 128.0
     assert "amp" in obs["apex_state_keys"]
     assert obs["apex_optimizer"] == "apex.optimizers.NpuFusedSGD"
 

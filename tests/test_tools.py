@@ -144,10 +144,33 @@ def test_export_never_overwrites_without_force(tiny_weights, tmp_path, capsys):
 
 def test_export_over_tolerance_exits_nonzero_and_says_which(tiny_weights, tmp_path, capsys):
     rc, out, err = call(export_onnx, [tiny_weights, "--arch", "tiny_cnn", "--image-size", "32",
-                                      "--output", tmp_path / "t.onnx", "--atol", "1e-30"], capsys)
+                                      "--output", tmp_path / "t.onnx", "--rtol", "0", "--atol", "1e-30"], capsys)
     assert rc == 1, (out, err)
-    assert "OVER --atol" in out
+    assert "OVER tolerance" in out
     assert "batch size(s) 1, 5" in err and "Traceback" not in err
+
+
+def test_export_check_is_relative_to_magnitude_and_catches_a_corrupted_file(shufflenet_run, tmp_path, capsys):
+    import onnx
+    from onnx import numpy_helper
+
+    path = tmp_path / "s.onnx"
+    rc, out, err = call(export_onnx, [shufflenet_run / "checkpoint.pth.tar", "--image-size", "32",
+                                      "--output", path], capsys)
+    assert rc == 0, (out, err)
+    model, _, _ = export_onnx.load_model(str(shufflenet_run / "checkpoint.pth.tar"), None, None, lambda m: None)
+    good = export_onnx.verify(model, str(path), 32)
+    assert all(export_onnx.within(d, m, 1e-4, 1e-5) for _, d, m in good)
+    # one initializer perturbed by 1 % of its scale: a wrong file, and the check says so
+    m = onnx.load(str(path))
+    init = max(m.graph.initializer, key=lambda t: numpy_helper.to_array(t).size)
+    arr = numpy_helper.to_array(init).copy()
+    arr.flat[: max(1, arr.size // 10)] += 0.01 * float(abs(arr).max())
+    init.CopyFrom(numpy_helper.from_array(arr, init.name))
+    bad_path = tmp_path / "bad.onnx"
+    onnx.save(m, str(bad_path))
+    bad = export_onnx.verify(model, str(bad_path), 32)
+    assert not any(export_onnx.within(d, mx, 1e-4, 1e-5) for _, d, mx in bad), bad
 
 
 @pytest.mark.parametrize("args,fragments", [
@@ -308,6 +331,10 @@ def test_compare_bf16_autocast_finds_and_locates_the_drift(tmp_path, capsys):
     earlier = [r for r in res["rows"] if r["order"] < first["order"] and r["kind"] == "forward"]
     assert first["max_abs"] > 0 and all(not r["over"] for r in earlier)
     assert "first module over tolerance: {}".format(module) in text
+    # the guide's criterion (mean |t - r| <= 1e-4) is reported beside ours, per tensor and in total
+    assert all(r["guide_ok"] == (r["mean_abs"] <= 1e-4) for r in res["rows"] if r["mean_abs"] is not None)
+    assert res["guide_over"] == sum(1 for r in res["rows"] if not r["guide_ok"]) > 0
+    assert "the guide's criterion" in text
 
 
 @pytest.mark.parametrize("args,fragments", [

@@ -74,7 +74,8 @@ def test_resume_from_epoch_one_matches_uninterrupted_run(learnable, full_run, tm
 
 
 def test_bf16_amp_on_cpu(shapes, tmp_path):
-    proc = run_main([shapes, "--epochs", "1", "--amp", "--loss-scale", "128", "--max-steps-per-epoch", "4",
+    proc = run_main([shapes, "--epochs", "1", "--amp", "--amp-dtype", "bfloat16", "--loss-scale", "128",
+                     "--max-steps-per-epoch", "4",
                      "--output-dir", str(tmp_path), "-a", "resnet18", "-b", "8", "--channels-last"] + SMALL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = read_summary(tmp_path)

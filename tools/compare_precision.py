@@ -2,7 +2,8 @@
 """Compare a training step on two devices (or precisions), module by module.
 
     python3 tools/compare_precision.py --arch A [--reference cpu] [--target auto|npu|cuda|cpu] [--target-amp]
-                                       [--steps 1] [--rtol 1e-3] [--atol 1e-5] [--batch-size 4] [--image-size 64]
+                                       [--amp-dtype auto|float16|bfloat16] [--steps 1] [--rtol 1e-3] [--atol 1e-5]
+                                       [--batch-size 4] [--image-size 64]
                                        [--num-classes 10] [--loss-scale 128] [--top 15] [--output FILE.json] [--force]
 
 The porting guide's whole-network precision check: the same initial weights and the same input
@@ -12,16 +13,20 @@ step every floating buffer (BatchNorm running mean / variance). With --steps N e
 steps on its own, so drift accumulates as it would in training.
 
 Each recorded tensor of the target is compared with the reference's: max abs difference, mean abs
-difference, and the relative error max|t - r| / max|r|. A tensor is over tolerance when
-max|t - r| > atol + rtol * max|r|. Printed: the worst relative errors, and the first module (in
-execution order) over tolerance, the place to start looking. --output writes every comparison as JSON.
+difference, the relative error max|t - r| / max|r| and the mean relative error mean|t - r| / mean|r|.
+A tensor is over tolerance when max|t - r| > atol + rtol * max|r|. Beside it, the porting guide's own
+criterion (its whole-network CPU-vs-NPU check): the mean abs difference should not exceed 1e-4 ("guide"
+column). Printed: the worst relative errors, and the first module (in execution order) over tolerance,
+the place to start looking. --output writes every comparison as JSON.
 
 Dropout modules are switched off on both sides (their masks come from different random generators
 on different devices); BatchNorm trains as usual. --target-amp runs the target's forward pass under
-the device's autocast (bfloat16 on the CPU, float16 elsewhere, where the loss is multiplied by
---loss-scale for backward and the gradients are divided by it again).
+autocast in --amp-dtype (auto: what main.py --amp uses on that device, bfloat16 on a CPU where it would
+train float32); with float16 the loss is multiplied by --loss-scale for backward and the gradients are
+divided by it again.
 
-One process can drive one accelerator: compare an accelerator with the CPU, or with itself.
+The usual check is the CPU (reference, float32) against the accelerator: --target cuda or npu. A
+process drives one accelerator, so the two sides cannot be two different accelerators.
 Exit codes: 0 all within tolerance; 1 something over tolerance; 2 a usage error.
 """
 import argparse
@@ -41,6 +46,7 @@ from trainer import cli  # noqa: E402
 from trainer.errors import UsageError  # noqa: E402
 
 ROOT_NAME = "(model)"
+GUIDE_MEAN_ABS = 1e-4  # the porting guide: mean |cpu - npu| "generally not above 1e-4" is normal
 
 
 # ---------------------------------------------------------------- recording
@@ -76,10 +82,10 @@ def disable_dropout(model):
     return n
 
 
-def record_run(model, batches, device, amp=False, lr=0.01, loss_scale=None, seed=0):
+def record_run(model, batches, device, amp_dtype=None, lr=0.01, loss_scale=None, seed=0):
     """Train ``model`` on ``batches`` on ``device``; returns [(name, kind, cpu float32 tensor)] in order.
 
-    ``kind`` is one of forward, loss, grad, buffer. ``loss_scale`` (float16 autocast) multiplies
+    ``kind`` is one of forward, loss, grad, buffer; ``amp_dtype`` None runs float32. ``loss_scale`` multiplies
     the loss for backward; gradients are divided by it before they are recorded and applied.
     """
     model = model.to(device.torch_device)
@@ -119,7 +125,7 @@ def record_run(model, batches, device, amp=False, lr=0.01, loss_scale=None, seed
             torch.manual_seed(seed + step)
             x = device.move(images)
             y = device.move(target).to(device.target_dtype)
-            with device.autocast(enabled=amp):
+            with device.autocast(amp_dtype):
                 output = model(x)
                 if isinstance(output, tuple):  # (logits, aux logits) of Inception / GoogLeNet in training
                     output = output[0]
@@ -149,22 +155,26 @@ def compare_tensors(ref, tgt, rtol, atol):
     """Metrics of ``tgt`` against ``ref`` (float64)."""
     if tuple(ref.shape) != tuple(tgt.shape):
         return {"shape": list(ref.shape), "target_shape": list(tgt.shape), "max_abs": None, "mean_abs": None,
-                "rel": None, "ref_max": None, "over": True, "note": "shape differs"}
+                "rel": None, "mean_rel": None, "guide_ok": False, "ref_max": None, "over": True,
+                "note": "shape differs"}
     r, t = ref.double(), tgt.double()
     finite = bool(torch.isfinite(t).all()) and bool(torch.isfinite(r).all())
     if r.numel() == 0:
-        return {"shape": list(ref.shape), "max_abs": 0.0, "mean_abs": 0.0, "rel": 0.0, "ref_max": 0.0,
-                "over": False}
+        return {"shape": list(ref.shape), "max_abs": 0.0, "mean_abs": 0.0, "rel": 0.0, "mean_rel": 0.0,
+                "guide_ok": True, "ref_max": 0.0, "over": False}
     if not finite:
         same = bool(((r == t) | (torch.isnan(r) & torch.isnan(t))).all())
         return {"shape": list(ref.shape), "max_abs": None if not same else 0.0, "mean_abs": None,
-                "rel": None if not same else 0.0, "ref_max": None, "over": not same, "note": "inf/nan"}
+                "rel": None if not same else 0.0, "mean_rel": None if not same else 0.0, "guide_ok": same,
+                "ref_max": None, "over": not same, "note": "inf/nan"}
     diff = (t - r).abs()
     max_abs = float(diff.max())
     ref_max = float(r.abs().max())
     rel = max_abs / ref_max if ref_max > 0 else (0.0 if max_abs == 0 else math.inf)
-    return {"shape": list(ref.shape), "max_abs": max_abs, "mean_abs": float(diff.mean()), "rel": rel,
-            "ref_max": ref_max, "over": max_abs > atol + rtol * ref_max}
+    mean_abs, ref_mean = float(diff.mean()), float(r.abs().mean())
+    mean_rel = mean_abs / ref_mean if ref_mean > 0 else (0.0 if mean_abs == 0 else math.inf)
+    return {"shape": list(ref.shape), "max_abs": max_abs, "mean_abs": mean_abs, "rel": rel, "mean_rel": mean_rel,
+            "guide_ok": mean_abs <= GUIDE_MEAN_ABS, "ref_max": ref_max, "over": max_abs > atol + rtol * ref_max}
 
 
 def compare_records(ref_records, tgt_records, rtol, atol):
@@ -205,6 +215,7 @@ def summarize(rows):
     worst = sorted(rows, key=key)
     return {
         "compared": len(rows), "over_tolerance": len(over),
+        "guide_over": sum(1 for r in rows if not r["guide_ok"]),
         "max_rel": max((r["rel"] for r in rows if r["rel"] is not None), default=0.0),
         "first_over": first_any["name"] if first_any else None,
         "first_module_over": module_of(first_forward["name"]) if first_forward else None,
@@ -224,16 +235,17 @@ def _fmt(v):
 def table(rows, top):
     worst = sorted(rows, key=lambda r: -(r["rel"] if r["rel"] is not None else math.inf))[:top]
     width = max([len(r["name"]) for r in worst] + [6])
-    lines = ["{:<{w}}  {:>10}  {:>10}  {:>10}  {:>10}  {:>5}  {}".format(
-        "tensor", "rel", "max_abs", "mean_abs", "ref_max", "order", "", w=width)]
+    lines = ["{:<{w}}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}  {:>5}  {:>5}  {}".format(
+        "tensor", "rel", "mean_rel", "max_abs", "mean_abs", "ref_max", "guide", "order", "", w=width)]
     for r in worst:
-        lines.append("{:<{w}}  {:>10}  {:>10}  {:>10}  {:>10}  {:>5}  {}".format(
-            r["name"], _fmt(r["rel"]), _fmt(r["max_abs"]), _fmt(r["mean_abs"]), _fmt(r["ref_max"]), r["order"],
+        lines.append("{:<{w}}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}  {:>5}  {:>5}  {}".format(
+            r["name"], _fmt(r["rel"]), _fmt(r["mean_rel"]), _fmt(r["max_abs"]), _fmt(r["mean_abs"]),
+            _fmt(r["ref_max"]), "ok" if r["guide_ok"] else "OVER", r["order"],
             ("OVER" if r["over"] else "ok") + (" ({})".format(r["note"]) if r.get("note") else ""), w=width))
     return "\n".join(lines)
 
 
-def compare_precision(model, batches, ref_device, tgt_device, target_amp=False, rtol=1e-3, atol=1e-5,
+def compare_precision(model, batches, ref_device, tgt_device, amp_dtype=None, rtol=1e-3, atol=1e-5,
                       lr=0.01, loss_scale=None, seed=0):
     """Run the same steps on both sides and compare; returns the result dict (no printing)."""
     tgt_model = copy.deepcopy(model)
@@ -241,14 +253,14 @@ def compare_precision(model, batches, ref_device, tgt_device, target_amp=False, 
         tgt_model.set_index_dtype(tgt_device.index_dtype)
     if hasattr(model, "set_index_dtype"):
         model.set_index_dtype(ref_device.index_dtype)
-    scale = loss_scale if (target_amp and tgt_device.needs_grad_scaler) else None
-    ref_records, n_dropout = record_run(model, batches, ref_device, False, lr, None, seed)
-    tgt_records, _ = record_run(tgt_model, batches, tgt_device, target_amp, lr, scale, seed)
+    scale = loss_scale if amp_dtype == torch.float16 else None
+    ref_records, n_dropout = record_run(model, batches, ref_device, None, lr, None, seed)
+    tgt_records, _ = record_run(tgt_model, batches, tgt_device, amp_dtype, lr, scale, seed)
     rows, only_ref, only_tgt = compare_records(ref_records, tgt_records, rtol, atol)
     result = {
         "reference": {"device": ref_device.name, "amp": False},
-        "target": {"device": tgt_device.name, "amp": bool(target_amp),
-                   "amp_dtype": str(tgt_device.amp_dtype).replace("torch.", "") if target_amp else None,
+        "target": {"device": tgt_device.name, "amp": amp_dtype is not None,
+                   "amp_dtype": str(amp_dtype).replace("torch.", "") if amp_dtype is not None else None,
                    "loss_scale": scale},
         "rtol": rtol, "atol": atol, "steps": len(batches), "dropout_disabled": n_dropout,
         "only_in_reference": only_ref, "only_in_target": only_tgt,
@@ -270,7 +282,9 @@ def build_parser():
     p.add_argument("--reference", choices=("auto",) + KINDS, default=KINDS[-1],
                    help="device of the reference side (float32)")
     p.add_argument("--target", choices=("auto",) + KINDS, default="auto", help="device of the compared side")
-    p.add_argument("--target-amp", action="store_true", help="run the target under the device's autocast")
+    p.add_argument("--target-amp", action="store_true", help="run the target under autocast in --amp-dtype")
+    p.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
+                   help="autocast dtype of --target-amp (auto: main.py --amp's choice on the target device)")
     p.add_argument("--steps", type=cli.number(int, 1), default=1, help="training steps on each side")
     p.add_argument("--rtol", type=cli.number(float, 0.0), default=1e-3, help="relative tolerance (to max|reference|)")
     p.add_argument("--atol", type=cli.number(float, 0.0), default=1e-5, help="absolute tolerance")
@@ -317,6 +331,14 @@ def run(args, out=None):
     if tgt.name == ref.name and not args.target_amp:
         log("note: reference and target are both {} in float32: this checks that a step is reproducible".format(
             ref.name))
+    amp_dtype = None
+    if args.target_amp:
+        from trainer.amp import inspection_dtype
+        amp_dtype, note = inspection_dtype(tgt, args.amp_dtype)
+        if note:
+            log("note: " + note)
+    elif args.amp_dtype != "auto":
+        raise UsageError("--amp-dtype {} needs --target-amp".format(args.amp_dtype))
 
     torch.manual_seed(args.seed)
     model = models.get_model(args.arch, num_classes=args.num_classes)
@@ -326,10 +348,10 @@ def run(args, out=None):
                 torch.randint(0, args.num_classes, (args.batch_size,), generator=gen)) for _ in range(args.steps)]
     log("=> {}: reference {} float32 vs target {} {} | {} step(s), batch {} x 3x{}x{} | rtol {:g}, atol {:g}".format(
         args.arch, ref.name, tgt.name,
-        str(tgt.amp_dtype).replace("torch.", "") + " autocast" if args.target_amp else "float32",
+        str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype is not None else "float32",
         args.steps, args.batch_size, s, s, args.rtol, args.atol))
     try:
-        result = compare_precision(model, batches, ref, tgt, args.target_amp, args.rtol, args.atol, args.lr,
+        result = compare_precision(model, batches, ref, tgt, amp_dtype, args.rtol, args.atol, args.lr,
                                    args.loss_scale, args.seed)
     except (RuntimeError, ValueError, TypeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
@@ -355,6 +377,8 @@ def run(args, out=None):
     else:
         log("=> all {} tensors within tolerance (largest relative error {})".format(
             result["compared"], _fmt(result["max_rel"])))
+    log("=> the guide's criterion (mean abs difference <= {:g}): {} of {} tensors over".format(
+        GUIDE_MEAN_ABS, result["guide_over"], result["compared"]))
     if args.output is not None:
         tmp = args.output + ".tmp-{}".format(os.getpid())
         with open(tmp, "w") as f:

@@ -37,6 +37,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from trainer import cli  # noqa: E402
+from trainer.amp import inspection_dtype  # noqa: E402
 from trainer.errors import UsageError  # noqa: E402
 
 FILES = ("all_ops.txt", "dynamic_ops.txt", "unsupported_ops.txt", "op_report.json")
@@ -72,7 +73,6 @@ def record_steps(model, make_batch, steps, device=None, warmup_steps=1, lr=0.01,
     ``make_batch(step)`` (step counted from 0 over warm-up and recorded steps) returns
     ``(images, target)``; ``device`` is a ``trainer.device.Device`` (None: the CPU).
     """
-    import contextlib
 
     if device is None:
         from trainer.device import Device
@@ -82,8 +82,10 @@ def record_steps(model, make_batch, steps, device=None, warmup_steps=1, lr=0.01,
     criterion = torch.nn.CrossEntropyLoss().to(device.torch_device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
+    dtype = inspection_dtype(device)[0] if amp else None
+
     def autocast():
-        return device.autocast(enabled=True) if amp else contextlib.nullcontext()
+        return device.autocast(dtype)
 
     def batch(step):
         images, target = make_batch(step)

@@ -1,144 +1,279 @@
-"""Mixed precision: native autocast + GradScaler, or apex.amp (NVIDIA or Ascend).
+"""Mixed precision and the optimizer step, as one object.
 
-native: autocast in the device's low-precision dtype (float16 on NPU/CUDA with a
-        GradScaler; bfloat16 on CPU, which needs no scaler). ``--loss-scale N`` keeps the
-        scale fixed at N; ``dynamic`` (default) lets the scaler grow and back off.
-apex:   ``amp.initialize(model, optimizer, opt_level, loss_scale[, combine_grad=True])``
-        (combine_grad where the installed apex accepts it, as Ascend's does) and backward
-        through ``amp.scale_loss``.
-Steps skipped because of an overflow are counted on the device and reported.
-The scaler / amp state goes into every checkpoint and comes back on resume.
+``resolve`` decides the precision of a run (dtype, loss scaling) from the flags and the device;
+``build_step`` pairs the device's SGD with it and returns an ``OptimizerStep``: ``step(loss)`` runs
+backward and an update that is skipped entirely (parameters and momentum untouched) when the
+gradients hold inf/NaN. Details and the reasons behind each choice: docs/PRECISION.md.
 """
 import contextlib
 import inspect
 
+import torch
 
 from trainer import device as devmod
 from trainer.errors import UsageError
 
+AMP_DTYPES = ("auto", "float16", "bfloat16")
 
-class MixedPrecision:
-    def __init__(self, cfg, device):
-        self.enabled = bool(cfg.amp)
-        self.impl = cfg.amp_impl if self.enabled else "none"
-        self.opt_level = cfg.opt_level if self.impl == "apex" else None
-        self.loss_scale = cfg.loss_scale
-        self.device = device
-        self.scaler = None
-        self.apex = None
-        self._overflows = None
-        self._apex_overflows = 0
-        self.notes = []
 
-    # -- construction
-    @classmethod
-    def check(cls, cfg, kind):
-        """Fail early (before any process starts) on an impossible combination."""
-        if cfg.amp and cfg.amp_impl == "apex":
-            if devmod.apex_amp() is None:
-                raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
-                                 "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
-            if not devmod.supports_apex(kind):
-                raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
+class Precision:
+    """The resolved precision of a run: ``impl`` none | native | apex, the autocast dtype (None: float32),
+    the loss scale (None: dynamic), and a note for the log (or None)."""
 
-    def setup(self, model, optimizer):
-        """Returns (model, optimizer), initialised by apex when it is used."""
-        if self.impl == "apex":
-            amp = devmod.apex_amp()
-            kwargs = {"opt_level": self.opt_level,
-                      "loss_scale": "dynamic" if self.loss_scale is None else self.loss_scale}
-            if "combine_grad" in inspect.signature(amp.initialize).parameters:
-                kwargs["combine_grad"] = True
-            model, optimizer = amp.initialize(model, optimizer, **kwargs)
-            self.apex = amp
-        elif self.enabled:
-            self.scaler = self.device.grad_scaler(self.loss_scale)
-            if self.scaler is None and self.loss_scale is not None:
-                self.notes.append("{} autocast needs no loss scaling: --loss-scale {} is not used on {}".format(
-                    str(self.device.amp_dtype).replace("torch.", ""), self.loss_scale, self.device.kind))
-        return model, optimizer
+    def __init__(self, requested, impl, dtype, loss_scale, opt_level=None, note=None):
+        self.requested, self.impl, self.dtype = requested, impl, dtype
+        self.loss_scale, self.opt_level, self.note = loss_scale, opt_level, note
 
     @property
-    def dtype(self):
-        if not self.enabled:
-            return "float32"
-        if self.impl == "apex":
-            return "float16"
-        return str(self.device.amp_dtype).replace("torch.", "")
+    def enabled(self):
+        return self.impl != "none"
 
-    # -- per step
+    @property
+    def scaled(self):
+        """float16 needs loss scaling; bfloat16 and float32 do not."""
+        return self.impl == "apex" or self.dtype == torch.float16
+
+    @property
+    def dtype_name(self):
+        return "float32" if self.dtype is None else str(self.dtype).replace("torch.", "")
+
+
+def check(cfg, kind):
+    """Fail early (before any process starts) on an impossible combination."""
+    if cfg.amp and cfg.amp_impl == "apex":
+        if devmod.apex_amp() is None:
+            raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
+                             "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
+        if not devmod.supports_apex(kind):
+            raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
+        if cfg.amp_dtype == "bfloat16":
+            raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")
+
+
+def resolve(cfg, device):
+    """The run's ``Precision`` on ``device``."""
+    if not cfg.amp:
+        return Precision(cfg.amp_dtype, "none", None, None)
+    if cfg.amp_impl == "apex":
+        return Precision(cfg.amp_dtype, "apex", torch.float16, cfg.loss_scale, cfg.opt_level)
+    dtype, note = device.resolve_amp_dtype(cfg.amp_dtype)
+    if dtype is None:
+        return Precision(cfg.amp_dtype, "none", None, None, note=note)
+    if dtype != torch.float16 and cfg.loss_scale is not None:
+        extra = "{} autocast needs no loss scaling: --loss-scale {:g} is not used".format(
+            str(dtype).replace("torch.", ""), cfg.loss_scale)
+        note = extra if note is None else note + "; " + extra
+    return Precision(cfg.amp_dtype, "native", dtype, cfg.loss_scale if dtype == torch.float16 else None,
+                     note=note)
+
+
+def inspection_dtype(device, requested="auto"):
+    """(dtype, note) for tools that inspect low-precision numerics (compare_precision, op_report):
+    the trainer's choice on ``device``, or bfloat16 where the trainer would train in float32."""
+    dtype, note = device.resolve_amp_dtype(requested)
+    if dtype is None:
+        return torch.bfloat16, "the trainer's --amp would train in float32 on this CPU; inspecting bfloat16"
+    return dtype, note
+
+
+def build_step(precision, device, model, lr, momentum, weight_decay, fused=None):
+    """(model, OptimizerStep): the device's SGD for ``model`` paired safely with ``precision``.
+
+    apex initialises the model and optimizer together, so the model it returns replaces the one given.
+    """
+    choice = device.sgd(model.parameters(), lr, momentum, weight_decay, with_scaler=precision.scaled,
+                        apex_amp_in_use=precision.impl == "apex", fused=fused)
+    if precision.impl == "apex":
+        step = ApexStep(choice, precision)
+        model = step.initialize(model)
+    elif precision.scaled:
+        step = ScaledStep(choice, precision, device.grad_scaler(precision.loss_scale))
+    else:
+        step = PlainStep(choice, precision)
+    step.device = device
+    return model, step
+
+
+class OptimizerStep:
+    """An optimizer and its loss scaling: ``zero_grad()``, ``autocast()``, ``step(loss)``.
+
+    ``step(loss)`` returns a device tensor that is 1 when the update was skipped for inf/NaN gradients
+    (None where the precision has no such check). Overflow counts stay on the device until read.
+    """
+
+    device = None
+
+    def __init__(self, choice, precision):
+        self.optimizer = choice.optimizer
+        self.name = choice.name
+        self.notes = [n for n in (precision.note, choice.note) if n]
+        self.precision = precision
+        self._grads_to_none = choice.grads_to_none
+        self._overflows = None
+        self._host_overflows = 0
+
+    def zero_grad(self):
+        self.optimizer.zero_grad(set_to_none=self._grads_to_none)
+
     def autocast(self):
-        if self.impl == "native":
-            return self.device.autocast(True)
-        return contextlib.nullcontext()
+        return self.device.autocast(self.precision.dtype) if self.precision.impl == "native" \
+            else contextlib.nullcontext()
 
-    def backward_step(self, loss, optimizer):
-        if self.apex is not None:
-            with self.apex.scale_loss(loss, optimizer) as scaled:
-                scaled.backward()
-            optimizer.step()
-            self._apex_overflows += _apex_overflowed(self.apex)
-            return
-        if self.scaler is None:
-            loss.backward()
-            optimizer.step()
-            return
-        self.scaler.scale(loss).backward()
-        self.scaler.step(optimizer)
-        found = _found_inf(self.scaler, optimizer)
+    def __call__(self, loss):
+        raise NotImplementedError
+
+    def _count(self, found):
         if found is not None:
             self._overflows = found if self._overflows is None else self._overflows + found
-        if self.loss_scale is not None:
-            self.scaler.update(self.loss_scale)  # static scale: set it back every step
-        else:
-            self.scaler.update()
+        return found
 
     def overflow_steps(self):
-        """Steps skipped for inf/nan gradients so far (a host sync; call at epoch end)."""
-        n = self._apex_overflows
+        """Steps skipped for inf/nan gradients so far (a host sync: call at print steps or epoch end)."""
+        n = self._host_overflows
         if self._overflows is not None:
             n += int(self._overflows.item())
         return n
 
-    def current_scale(self):
-        if self.scaler is not None:
-            return float(self.scaler.get_scale())
-        if self.apex is not None:
-            scalers = getattr(getattr(self.apex, "_amp_state", None), "loss_scalers", None)
-            if scalers:
-                return float(scalers[0].loss_scale())
+    def loss_scale(self):
         return None
 
-    # -- checkpoint
+    # -- checkpoint: "optimizer" and "amp" entries
     def state_dict(self):
-        state = {"impl": self.impl, "overflow_steps": self.overflow_steps()}
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        if self.apex is not None:
-            state["amp"] = self.apex.state_dict()
-        return state
+        return {"impl": self.precision.impl, "dtype": self.precision.dtype_name,
+                "overflow_steps": self.overflow_steps()}
 
-    def load_state_dict(self, state, log):
-        if not state:
+    def load_state_dict(self, optimizer_state, amp_state, log):
+        if optimizer_state:
+            self.optimizer.load_state_dict(optimizer_state)
+            if self.optimizer.defaults.get("fused"):
+                devmod.zero_momentum_buffers(self.optimizer)  # a checkpoint saved before any step
+        if not amp_state:
             return
-        if state.get("impl") != self.impl:
-            log("note: the checkpoint's mixed precision was '{}', this run uses '{}': its scaler state is "
-                "not restored".format(state.get("impl"), self.impl))
+        theirs = (amp_state.get("impl"), amp_state.get("dtype", self.precision.dtype_name))
+        mine = (self.precision.impl, self.precision.dtype_name)
+        if theirs != mine:
+            log("note: the checkpoint's mixed precision was '{} {}', this run uses '{} {}': its scaler state is "
+                "not restored".format(theirs[0], theirs[1], mine[0], mine[1]))
             return
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        if self.apex is not None and state.get("amp"):
-            self.apex.load_state_dict(state["amp"])
-        self._apex_overflows = int(state.get("overflow_steps", 0))
+        self._load_scaler(amp_state)
+        self._host_overflows = int(amp_state.get("overflow_steps", 0))
+        self._overflows = None
+
+    def _load_scaler(self, amp_state):
+        pass
 
     def describe(self):
-        return {"enabled": self.enabled, "impl": self.impl, "dtype": self.dtype, "opt_level": self.opt_level,
-                "loss_scale": "dynamic" if self.loss_scale is None else self.loss_scale,
-                "final_loss_scale": self.current_scale(), "overflow_steps": self.overflow_steps()}
+        p = self.precision
+        return {"enabled": p.enabled, "impl": p.impl, "requested_dtype": p.requested, "dtype": p.dtype_name,
+                "opt_level": p.opt_level,
+                "loss_scale": None if not p.scaled else ("dynamic" if p.loss_scale is None else p.loss_scale),
+                "final_loss_scale": self.loss_scale(), "overflow_steps": self.overflow_steps(),
+                "optimizer": self.name, "note": "; ".join(self.notes) or None}
+
+
+class PlainStep(OptimizerStep):
+    """float32 or bfloat16: backward, step."""
+
+    def __call__(self, loss):
+        loss.backward()
+        self.optimizer.step()
+        return None
+
+
+class ScaledStep(OptimizerStep):
+    """float16 with a GradScaler (torch's, or torch_npu's on NPU).
+
+    A static ``--loss-scale N`` is a dynamic scaler set back to N after every step: only the dynamic
+    mode checks gradients for inf/NaN and skips the update.
+    """
+
+    def __init__(self, choice, precision, scaler):
+        super().__init__(choice, precision)
+        self.scaler = scaler
+        self.static = precision.loss_scale
+
+    def __call__(self, loss):
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        found = _found_inf(self.scaler, self.optimizer)
+        if self.static is not None:
+            self.scaler.update(self.static)
+        else:
+            self.scaler.update()
+        return self._count(found)
+
+    def loss_scale(self):
+        return float(self.scaler.get_scale())
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def _load_scaler(self, amp_state):
+        if amp_state.get("scaler"):
+            sd = dict(amp_state["scaler"])
+            if "dynamic" in sd:
+                sd["dynamic"] = True  # the overflow check stays on (see the class docstring)
+            self.scaler.load_state_dict(sd)
+            if self.static is not None:
+                self.scaler.update(self.static)
+
+
+class ApexStep(OptimizerStep):
+    """apex.amp (NVIDIA's or Ascend's): ``amp.initialize`` then backward through ``amp.scale_loss``.
+
+    A static ``--loss-scale N`` is apex's dynamic scaler held at N (``min_loss_scale = max_loss_scale =
+    N``): apex's static mode never skips an overflow step, its dynamic mode does.
+    """
+
+    def __init__(self, choice, precision):
+        super().__init__(choice, precision)
+        self.amp = devmod.apex_amp()
+        self._grads_to_none = False  # apex's combined gradients and fused optimizers keep their buffers
+
+    def initialize(self, model):
+        params = inspect.signature(self.amp.initialize).parameters
+        kwargs = {"opt_level": self.precision.opt_level, "loss_scale": "dynamic"}
+        scale = self.precision.loss_scale
+        if scale is not None:
+            if "min_loss_scale" in params and "max_loss_scale" in params:
+                kwargs.update(min_loss_scale=scale, max_loss_scale=scale)
+                if "dynamic_init_scale" in params:
+                    kwargs["dynamic_init_scale"] = scale
+            else:
+                kwargs["loss_scale"] = scale
+        if "combine_grad" in params:
+            kwargs["combine_grad"] = True
+        model, self.optimizer = self.amp.initialize(model, self.optimizer, **kwargs)
+        return model
+
+    def __call__(self, loss):
+        with self.amp.scale_loss(loss, self.optimizer) as scaled:
+            scaled.backward()
+        self.optimizer.step()
+        scalers = getattr(getattr(self.amp, "_amp_state", None), "loss_scalers", None)
+        if scalers and getattr(scalers[0], "_has_overflow", False):
+            self._host_overflows += 1
+            return 1
+        return 0
+
+    def loss_scale(self):
+        scalers = getattr(getattr(self.amp, "_amp_state", None), "loss_scalers", None)
+        return float(scalers[0].loss_scale()) if scalers else None
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["amp"] = self.amp.state_dict()
+        return state
+
+    def _load_scaler(self, amp_state):
+        if amp_state.get("amp"):
+            self.amp.load_state_dict(amp_state["amp"])
 
 
 def _found_inf(scaler, optimizer):
-    """Device tensor: 1 if this step found inf/nan (and was skipped), else 0."""
+    """Device tensor: 1 if this step found inf/nan (and was skipped), else 0; None if unknown."""
     try:
         per_device = scaler._found_inf_per_device(optimizer)
     except Exception:
@@ -146,11 +281,3 @@ def _found_inf(scaler, optimizer):
     if not per_device:
         return None
     return sum(v.float() for v in per_device.values())
-
-
-def _apex_overflowed(amp):
-    scalers = getattr(getattr(amp, "_amp_state", None), "loss_scalers", None)
-    if scalers and getattr(scalers[0], "_has_overflow", False):
-        return 1
-    return 0
-

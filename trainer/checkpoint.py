@@ -157,3 +157,26 @@ def restore_rng(states, device):
     if states.get("python") is not None:
         py = states["python"]
         random.setstate((py[0], tuple(py[1]), py[2]))
+
+
+class CheckpointSaver:
+    """The run's checkpoint policy: the last epoch in ``checkpoint.pth.tar``, the best validation Acc@1
+    copied to ``model_best.pth.tar``, both written atomically, and never a state whose weights or
+    buffers are not finite (the previous files stay as they were; ``Diverged`` is raised instead)."""
+
+    def __init__(self, out_dir):
+        self.last = os.path.join(out_dir, CHECKPOINT)
+        self.best = os.path.join(out_dir, BEST)
+
+    def save(self, state, is_best):
+        from trainer.guard import Diverged, all_finite
+        if not all_finite(state["state_dict"].values()):
+            raise Diverged("non-finite weights", {"epoch": state["epoch"] - 1, "step": None, "lr": None,
+                                                  "loss_scale": None})
+        save(state, self.last)
+        if is_best:
+            copy(self.last, self.best)
+
+    def existing(self):
+        """{'checkpoint': path, 'best_checkpoint': path} for the files present."""
+        return {k: p for k, p in (("checkpoint", self.last), ("best_checkpoint", self.best)) if os.path.exists(p)}

@@ -40,6 +40,7 @@ class Config:
     device_index: Optional[int]
     amp: bool
     amp_impl: str
+    amp_dtype: str
     opt_level: str
     loss_scale: Optional[float]  # None = dynamic
     label_smoothing: float
@@ -171,7 +172,11 @@ def build_parser():
     d.add_argument("--device", choices=DEVICES, default="auto",
                    help="auto: npu if torch_npu sees one, else cuda, else cpu")
     d.add_argument("--amp", action="store_true",
-                   help="mixed precision: float16 on NPU/CUDA, bfloat16 on CPU")
+                   help="mixed precision in --amp-dtype; float16 steps with inf/NaN gradients are skipped")
+    d.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
+                   help="auto: bfloat16 (no loss scaling) on GPUs with native bfloat16, float16 + loss scaler "
+                        "on older GPUs and on NPU, bfloat16 on CPUs with native bfloat16 and float32 on other "
+                        "CPUs (where bfloat16 is many times slower), with a note")
     d.add_argument("--amp-impl", choices=("native", "apex"), default="native",
                    help="native autocast + GradScaler, or (NVIDIA/Ascend) apex.amp")
     d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
@@ -287,6 +292,8 @@ def validate(ns, env):
         raise UsageError("--start-epoch {} leaves nothing to train with --epochs {}".format(ns.start_epoch, ns.epochs))
     if ns.amp_impl == "apex" and not ns.amp:
         raise UsageError("--amp-impl apex needs --amp")
+    if ns.amp_dtype != "auto" and not ns.amp:
+        raise UsageError("--amp-dtype {} needs --amp".format(ns.amp_dtype))
     if ns.evaluate and not ns.validate:
         raise UsageError("--evaluate with --no-validate has nothing to do")
     if ns.profile_stop and ns.profile_steps is None:
@@ -301,7 +308,7 @@ def validate(ns, env):
         batch_size=ns.batch_size, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
         print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, pretrained=ns.pretrained,
         seed=ns.seed, dummy=ns.dummy, device=ns.device, device_index=ns.gpu, amp=ns.amp,
-        amp_impl=ns.amp_impl, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
+        amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
         label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
         train_crop_size=ns.train_crop_size, crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
         val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, num_classes=ns.num_classes,

@@ -144,6 +144,115 @@ def default_backend(kind):
     return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[kind]
 
 
+# ---------------------------------------------------------------- capabilities
+
+
+def _has_amp_grad_scaler():
+    return hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")  # torch >= 2.3
+
+
+def _cpuinfo_flags(path="/proc/cpuinfo"):
+    """The CPU feature flags of /proc/cpuinfo (x86 "flags", aarch64 "Features"); empty if unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip().lower()
+                if key in ("flags", "features"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_native_bf16():
+    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 / AMX, Arm bf16).
+
+    torch's own probes (``torch.cpu._is_avx512_bf16_supported``, torch >= 2.1) where present,
+    /proc/cpuinfo's flags otherwise.
+    """
+    probes = [getattr(getattr(torch, "cpu", None), n, None) for n in ("_is_avx512_bf16_supported",
+                                                                       "_is_amx_tile_supported")]
+    if platform.machine().lower() in ("x86_64", "amd64") and all(p is not None for p in probes):
+        try:
+            return any(bool(p()) for p in probes)
+        except Exception:
+            pass
+    flags = _cpuinfo_flags()
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cuda_native_bf16(index=None):
+    """Whether the CUDA device computes bfloat16 natively (compute capability 8.0 or newer)."""
+    try:
+        major, _ = torch.cuda.get_device_capability(index)
+    except Exception:
+        return False
+    return major >= 8
+
+
+class SGDChoice:
+    """What ``Device.sgd`` returns: the optimizer, its name for logs, whether ``zero_grad`` may free the
+    gradients, and a note for the log (or None)."""
+
+    def __init__(self, optimizer, name, grads_to_none=True, note=None):
+        self.optimizer, self.name, self.grads_to_none, self.note = optimizer, name, grads_to_none, note
+
+    @property
+    def fused(self):
+        return bool(self.optimizer.defaults.get("fused")) if hasattr(self.optimizer, "defaults") else False
+
+
+def zero_momentum_buffers(optimizer):
+    """Create every SGD momentum buffer as zeros now (first step then equals torch's: buf = grad)."""
+    for group in optimizer.param_groups:
+        if group.get("momentum", 0) == 0:
+            continue
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+_fused_sgd_verdict = {}
+
+
+def fused_sgd_skips_overflow(device):
+    """Prove on ``device`` that torch's fused SGD + GradScaler skips an overflow step entirely.
+
+    Runs one tiny step with an inf gradient, then one finite step, and compares parameters and momentum
+    bitwise with the expected values. Cached per device kind; False when anything in it fails.
+    """
+    key = device.name
+    if key not in _fused_sgd_verdict:
+        try:
+            _fused_sgd_verdict[key] = _probe_fused_sgd(device)
+        except Exception:
+            _fused_sgd_verdict[key] = False
+    return _fused_sgd_verdict[key]
+
+
+def _probe_fused_sgd(device):
+    dev = device.torch_device
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0, 0.5], device=dev))
+    opt = torch.optim.SGD([w], lr=0.5, momentum=0.9, weight_decay=0.01, fused=True)
+    zero_momentum_buffers(opt)
+    scaler = device.grad_scaler(None)
+    before = w.detach().clone()
+    buf_before = opt.state[w]["momentum_buffer"].clone()
+    scaler.scale((w * torch.tensor([1.0, float("inf"), 1.0, 1.0], device=dev)).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    if not (torch.equal(w.detach(), before) and torch.equal(opt.state[w]["momentum_buffer"], buf_before)):
+        return False
+    g = torch.tensor([0.25, 0.5, -1.0, 2.0], device=dev)
+    opt.zero_grad()
+    scaler.scale((w * g).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    d = g + 0.01 * before  # first finite step of torch's SGD: buf = d, w -= lr * buf
+    return bool(torch.allclose(w.detach(), before - 0.5 * d, rtol=1e-6, atol=1e-7))
+
+
 # ---------------------------------------------------------------- the device
 
 
@@ -174,13 +283,15 @@ class Device:
                 raise UsageError("{} device {} does not exist: {} visible (indices 0-{}){}".format(
                     kind, index, n, n - 1, _visible_hint(kind)))
         dev = cls(kind, index)
+        if kind == "cpu":  # the host is always there beside the one accelerator of a process
+            return dev
         if _device_set is not None and _device_set != (dev.kind, dev.index):
             raise RuntimeError("device already set to {} in this process; one device per process"
                                .format(_device_set))
         if _device_set is None:
             if kind == "npu":
                 npu_module().npu.set_device(dev.name)
-            elif kind == "cuda":
+            else:
                 torch.cuda.set_device(dev.index)
             _device_set = (dev.kind, dev.index)
         return dev
@@ -216,73 +327,120 @@ class Device:
             npu_module().npu.synchronize()
 
     # -- mixed precision
-    @property
-    def amp_dtype(self):
-        return torch.bfloat16 if self.kind == "cpu" else torch.float16
+    def resolve_amp_dtype(self, requested="auto"):
+        """(dtype or None, note or None) for ``--amp --amp-dtype requested``.
 
-    def autocast(self, enabled=True):
-        if not enabled:
+        auto: float16 on NPU (the guides' choice, with a loss scaler); bfloat16 on a CUDA device with
+        native bfloat16 (compute capability 8.0+), float16 on older ones; on a CPU bfloat16 only where the
+        CPU has native bfloat16 instructions, else None (float32: bfloat16 autocast there is many times
+        slower than float32). An explicit dtype is honoured where the device can run it at all.
+        """
+        if requested == "auto":
+            if self.kind == "npu":
+                return torch.float16, None
+            if self.kind == "cuda":
+                if cuda_native_bf16(self.index):
+                    return torch.bfloat16, None
+                return torch.float16, None
+            if cpu_native_bf16():
+                return torch.bfloat16, None
+            return None, ("--amp: this CPU has no native bfloat16 (no avx512_bf16 or AMX), where bfloat16 "
+                          "autocast is many times slower than float32: training in float32 (--amp-dtype "
+                          "bfloat16 forces it)")
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[requested]
+        if dtype == torch.bfloat16:
+            if self.kind == "npu":
+                bf16 = getattr(npu_module().npu, "is_bf16_supported", None)
+                if bf16 is None or not bf16():
+                    raise UsageError("--amp-dtype bfloat16: this NPU (or torch_npu) has no bfloat16; use "
+                                     "--amp-dtype float16")
+                return dtype, None
+            if self.kind == "cuda" and not cuda_native_bf16(self.index):
+                return dtype, "--amp-dtype bfloat16: this GPU has no native bfloat16 (emulated, slow)"
+            if self.kind == "cpu" and not cpu_native_bf16():
+                return dtype, ("--amp-dtype bfloat16: this CPU has no native bfloat16: expect float32 to be "
+                               "several times faster")
+            return dtype, None
+        if self.kind == "cpu" and not _has_amp_grad_scaler():
+            raise UsageError("--amp-dtype float16 on CPU needs torch >= 2.3 (CPU GradScaler); this is torch {}: "
+                             "use --amp-dtype bfloat16".format(torch.__version__))
+        return dtype, None
+
+    def autocast(self, dtype):
+        """Autocast context for ``dtype`` (None: no autocast)."""
+        if dtype is None:
             return contextlib.nullcontext()
         if self.kind == "npu":
-            return npu_module().npu.amp.autocast()
+            return npu_module().npu.amp.autocast(dtype=dtype)
         if hasattr(torch, "autocast"):  # torch >= 1.10
-            return torch.autocast(device_type=self.kind, dtype=self.amp_dtype)
+            return torch.autocast(device_type=self.kind, dtype=dtype)
         if self.kind == "cuda":
             return torch.cuda.amp.autocast()
         raise UsageError("--amp on CPU needs torch >= 1.10 (bfloat16 autocast); this is torch {}"
                          .format(torch.__version__))
 
-    @property
-    def needs_grad_scaler(self):
-        return self.amp_dtype == torch.float16
-
     def grad_scaler(self, loss_scale=None):
-        """A GradScaler for float16 autocast; None where none is needed (bfloat16).
+        """A GradScaler for float16 autocast that skips every step whose gradients hold inf/NaN.
 
-        ``loss_scale`` None means dynamic; a number is the initial scale, which the
-        mixed-precision module keeps fixed.
+        ``loss_scale`` None: dynamic (starts at 2**16, backs off on overflow, grows after 2000 clean
+        steps). A number: the starting scale, which the caller sets back after every step. The scaler is
+        always built dynamic because only the dynamic mode checks for inf/NaN: torch_npu's
+        ``dynamic=False`` steps the optimizer even on an overflow.
         """
-        if not self.needs_grad_scaler:
-            return None
         init = 65536.0 if loss_scale is None else float(loss_scale)
         if self.kind == "npu":
             amp = npu_module().npu.amp
             kwargs = {"init_scale": init}
             if "dynamic" in inspect.signature(amp.GradScaler).parameters:
-                kwargs["dynamic"] = loss_scale is None
+                kwargs["dynamic"] = True
             return amp.GradScaler(**kwargs)
-        if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
+        if _has_amp_grad_scaler():  # torch >= 2.3
             return torch.amp.GradScaler(self.kind, init_scale=init)
+        if self.kind == "cpu":
+            raise UsageError("float16 autocast on CPU needs torch >= 2.3 (CPU GradScaler)")
         return torch.cuda.amp.GradScaler(init_scale=init)
 
     # -- optimizer
-    def sgd(self, params, lr, momentum, weight_decay, apex_amp_in_use=False):
-        """(optimizer, implementation name) for SGD with momentum on this device.
+    def sgd(self, params, lr, momentum, weight_decay, with_scaler=False, apex_amp_in_use=False, fused=None):
+        """An ``SGDChoice``: SGD with momentum for this device, safe with a GradScaler.
 
-        The NPU fused SGDs keep gradients in one flat buffer: ``zero_grad(set_to_none=True)``
-        raises there (see ``zero_grad_to_none``).
+        ``fused`` None: the device's fastest SGD (torch_npu/apex NpuFusedSGD on NPU, torch's fused SGD
+        on CUDA, torch's default elsewhere); True/False forces torch's fused kernel on or off (tests
+        exercise the CUDA pairing on the CPU this way). torch's fused SGD is used with a GradScaler only
+        when ``fused_sgd_skips_overflow`` proves, on this device, that an overflow step leaves parameters
+        and momentum untouched; its momentum buffers are created as zeros up front, because torch
+        creates them with ``empty_like`` on the first step and an overflow there leaves them garbage.
         """
-        if self.kind == "npu":
+        params = list(params)
+        if self.kind == "npu" and fused is None:
             npu = npu_module()
-            fused = getattr(getattr(npu, "optim", None), "NpuFusedSGD", None)
+            opt_cls = getattr(getattr(npu, "optim", None), "NpuFusedSGD", None)
             name = "torch_npu.optim.NpuFusedSGD"
             if apex_amp_in_use:
                 try:
                     from apex.optimizers import NpuFusedSGD as apex_fused
-                    fused, name = apex_fused, "apex.optimizers.NpuFusedSGD"
+                    opt_cls, name = apex_fused, "apex.optimizers.NpuFusedSGD"
                 except Exception:
                     pass
-            if fused is not None:
-                return fused(params, lr=lr, momentum=momentum, weight_decay=weight_decay), name
-        if self.kind == "cuda" and "fused" in inspect.signature(torch.optim.SGD).parameters:
-            return (torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=True),
-                    "torch.optim.SGD(fused)")
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay), "torch.optim.SGD"
-
-    @staticmethod
-    def zero_grad_to_none(optimizer_name):
-        """Whether ``optimizer.zero_grad`` may free the gradients (not for NPU fused optimizers)."""
-        return "NpuFused" not in optimizer_name
+            if opt_cls is not None:
+                # NPU fused optimizers keep gradients in one flat buffer: zero_grad(set_to_none=True) raises
+                return SGDChoice(opt_cls(params, lr=lr, momentum=momentum, weight_decay=weight_decay), name,
+                                 grads_to_none=False)
+        has_fused = "fused" in inspect.signature(torch.optim.SGD).parameters
+        want = (self.kind == "cuda") if fused is None else bool(fused)
+        note = None
+        if want and not has_fused:
+            want = False
+        if want and with_scaler and not fused_sgd_skips_overflow(self):
+            want = False
+            note = ("torch {}'s fused SGD does not skip overflow steps cleanly on {}: using the unfused SGD "
+                    "with the loss scaler".format(torch.__version__, self.name))
+        if want:
+            opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=True)
+            zero_momentum_buffers(opt)
+            return SGDChoice(opt, "torch.optim.SGD(fused)", grads_to_none=True, note=note)
+        return SGDChoice(torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
+                         "torch.optim.SGD", grads_to_none=True, note=note)
 
     # -- distributed
     @property

@@ -19,6 +19,7 @@ Rendezvous is ``env://`` by default with MASTER_ADDR/MASTER_PORT from ``--addr``
 overrides. The backend follows the device (hccl / nccl / gloo); ``--dist-backend`` overrides.
 """
 import datetime
+import inspect
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ import torch
 
 from trainer import device as devmod
 from trainer.errors import UsageError
+from trainer.guard import EXIT_DIVERGED
 
 DEFAULT_PORT = 29688
 
@@ -175,8 +177,10 @@ def spawn(cfg, kind, worker):
     import torch.multiprocessing as mp
     ctx = mp.start_processes(_spawn_entry, args=(child, worker), nprocs=nprocs, join=False,
                              start_method="spawn")
+    # ranks stopping on their own (a user error or divergence every rank sees) get a moment to exit
+    grace = {"grace_period": 15} if "grace_period" in inspect.signature(ctx.join).parameters else {}
     try:
-        while not ctx.join():
+        while not ctx.join(**grace):
             pass
     except KeyboardInterrupt:
         _terminate(ctx.processes)
@@ -186,8 +190,8 @@ def spawn(cfg, kind, worker):
         _terminate(ctx.processes)
         index = getattr(exc, "error_index", "?")
         code = getattr(exc, "exit_code", None)
-        if code == 2:
-            return 2  # the rank printed its one-line error already
+        if code in (2, EXIT_DIVERGED):
+            return code  # the rank printed its one-line error already
         how = "exit code {}".format(code) if code is not None and code >= 0 else (
             "signal {}".format(-code) if code is not None else "an exception")
         sys.stderr.write("error: local rank {} failed ({}); stopped the other ranks\n".format(index, how))
@@ -229,6 +233,11 @@ class Dist:
     def all_reduce_sum(self, tensor):
         if self.active:
             torch.distributed.all_reduce(tensor)
+        return tensor
+
+    def all_reduce_max(self, tensor):
+        if self.active:
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
         return tensor
 
     def max(self, value, device):

@@ -4,27 +4,34 @@ No host<->device synchronisation per step: losses and hit counts accumulate on t
 device and are read (and reduced over processes) only at print steps and at the end of
 an epoch. FPS is global images per second over the steps after ``--fps-warmup-steps``,
 timed between two device synchronisations; the time spent waiting for data is measured
-on the host and reported beside it.
+on the host and reported beside it. The divergence guard (trainer/guard.py) is read at the
+same points as the meters.
 """
 import time
 
 import torch
 
 from trainer import metrics
+from trainer.guard import Guard
 from trainer.schedule import set_lr
 
 
 class Engine:
-    def __init__(self, model, criterion, optimizer, mp, device, dist, normalizer, schedule, cfg, log,
-                 profiler=None, grads_to_none=True):
+    """``train_one_epoch`` and ``validate`` over a model; ``step`` is the run's OptimizerStep (None to
+    evaluate only) and ``precision`` its Precision (autocast dtype)."""
+
+    def __init__(self, model, criterion, step, precision, device, dist, normalizer, schedule, cfg, log,
+                 profiler=None):
         self.model = model  # possibly wrapped (DDP / apex)
         self.criterion = criterion
         self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=cfg.label_smoothing)
-        self.optimizer, self.mp, self.device, self.dist = optimizer, mp, device, dist
+        self.step, self.precision, self.device, self.dist = step, precision, device, dist
         self.normalize, self.schedule, self.cfg, self.log = normalizer, schedule, cfg, log
         self.profiler = profiler
-        self.grads_to_none = grads_to_none and mp.impl != "apex"
         self.stop_requested = False
+
+    def autocast(self):
+        return self.device.autocast(self.precision.dtype if self.precision.impl == "native" else None)
 
     def _targets(self, target):
         return self.device.move(target).to(self.device.target_dtype)
@@ -40,6 +47,8 @@ class Engine:
             loader.sampler.set_epoch(epoch)
         batch = None
         sums = metrics.Sums(dev)
+        guard = Guard(dev)
+        optimizer = self.step.optimizer
         batch_time = metrics.AverageMeter("Time", ":6.3f")
         data_time = metrics.AverageMeter("Data", ":6.3f")
         losses = metrics.AverageMeter("Loss", ":.4e")
@@ -62,13 +71,13 @@ class Engine:
             if t_fps is not None:
                 wait_fps += waited
             batch = images.shape[0]
-            set_lr(self.optimizer, self.schedule(epoch, i))
+            set_lr(optimizer, self.schedule(epoch, i))
             x, y = self.normalize(images), self._targets(target)
-            with self.mp.autocast():
+            with self.autocast():
                 output = self.model(x)
                 loss = self.criterion(output, y)
-            self.optimizer.zero_grad(set_to_none=self.grads_to_none)
-            self.mp.backward_step(loss, self.optimizer)
+            self.step.zero_grad()
+            guard.observe(loss, self.step(loss))
             c1, c5 = metrics.correct_counts(output.detach(), y)
             sums.add(loss.detach() * batch, c1, c5, batch)
             if self.profiler is not None:
@@ -89,6 +98,7 @@ class Engine:
                 top5.val, top5.avg = interval["acc5"], running["acc5"]
                 self.log(progress.line(i + 1))
                 t_mark, wait_mark, last_print = now, wait_total, i + 1
+                self._check(guard, epoch)
             if self.stop_requested:
                 steps = i + 1
                 break
@@ -97,6 +107,7 @@ class Engine:
         timed_steps = steps - warm
         elapsed = self.dist.max(t_end - (t_fps if t_fps is not None else t_epoch), dev)
         _, running = sums.read(self._reduce)
+        self._check(guard, epoch)
         global_batch = (batch or 0) * self.dist.world_size
         return {
             "steps": steps, "timed_steps": timed_steps, "timed_seconds": elapsed,
@@ -105,6 +116,9 @@ class Engine:
             "loss": running["loss"], "acc1": running["acc1"], "acc5": running["acc5"],
             "images": running["count"],
         }
+
+    def _check(self, guard, epoch):
+        guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale)
 
     @torch.no_grad()
     def validate(self, loader, model):
@@ -121,7 +135,7 @@ class Engine:
         t_mark, last_print = time.time(), 0
         for i, (images, target, valid) in enumerate(loader):
             x, y, m = self.normalize(images), self._targets(target), dev.move(valid)
-            with self.mp.autocast():
+            with self.autocast():
                 output = model(x)
             per_sample = self.eval_criterion(output.float(), y)
             c1, c5 = metrics.correct_counts(output, y, m)

@@ -1,13 +1,16 @@
-"""The flow: preflight -> (spawn) -> per process: device, process group, data, model,
-optimizer, mixed precision, resume, DDP, epochs (train, validate, checkpoint), summary.
+"""The run, top to bottom (pytorch/examples' main -> main_worker -> train/validate):
 
-``preflight`` runs in the launching process and checks everything that can be checked
-cheaply (data layout, output folder, resume and weights files, devices, apex), so that a
-user mistake is one line and exit code 2 before any worker or rank starts.
+    run(cfg)      cheap checks in the launching process (one line, exit 2, before any rank starts),
+                  then one worker per device (spawn) or this process as the one worker
+    worker(cfg)   one rank: the device first (an Ascend rule), the process group, then build the Job
+                  and train or evaluate; every outcome becomes a summary status and an exit code here
+    build(...)    the Job: data, model, precision + optimizer step, resume, DDP, schedule, checkpoints
+    train(job)    epochs: train, validate, checkpoint, summary
 """
 import math
 import os
 import secrets
+import sys
 
 import torch
 
@@ -18,6 +21,7 @@ from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
 from trainer.errors import UsageError, one_line
+from trainer.guard import Diverged, all_finite
 from trainer.schedule import Schedule
 
 RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
@@ -28,7 +32,7 @@ def preflight(cfg):
     cli.check_arch(cfg.arch)
     kind = resolve_kind(cfg.device)
     distributed.check_devices(cfg, kind)
-    ampmod.MixedPrecision.check(cfg, kind)
+    ampmod.check(cfg, kind)
     if cfg.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.dummy:
@@ -60,52 +64,61 @@ def run(cfg):
 
 
 def worker(cfg):
-    """One process (one rank). Returns an exit code; user errors print one line (exit 2)."""
+    """One process (one rank). Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
+    130 interrupted; anything else is raised (exit 1)."""
     try:
-        return _train_or_evaluate(cfg)
+        # Ascend rule: the device is set first, once, before any tensor or model touches it.
+        device = Device.create(cfg.device, distributed.device_index(cfg))
+        dist = distributed.init(cfg, device)
     except UsageError as exc:
         return cli.report(exc)
-
-
-def _train_or_evaluate(cfg):
-    # Ascend rule: the device is set first, once, before any tensor or model touches it.
-    device = Device.create(cfg.device, distributed.device_index(cfg))
-    dist = distributed.init(cfg, device)
     log = metrics.Logger(dist.rank)
+    rs = None
     try:
-        return _body(cfg, device, dist, log)
+        if dist.is_main:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+            name = summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY
+            rs = summary.RunSummary(cfg, os.path.join(cfg.output_dir, name))
+        job = build(cfg, device, dist, log, rs)
+        return evaluate(job) if cfg.evaluate else train(job)
+    except KeyboardInterrupt:
+        _finish(rs, "interrupted", "interrupted by the user")
+        log.warn("interrupted")
+        return 130
+    except Diverged as exc:
+        _finish(rs, "diverged", exc.message(), diverged=exc.info)
+        if dist.is_main:
+            sys.stderr.write("error: {}\n".format(exc.message()))
+            sys.stderr.flush()
+        return exc.exit_code
+    except UsageError as exc:
+        _finish(rs, "failed", one_line(exc))
+        return cli.report(exc)
+    except BaseException as exc:
+        _finish(rs, "failed", "{}: {}".format(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
+        raise
     finally:
         dist.close()
 
 
-def _body(cfg, device, dist, log):
+def _finish(rs, status, error, **fields):
+    """A run that started records how it ended; one that never started leaves an existing summary alone."""
+    if rs is not None and rs.started:
+        rs.update(**fields)
+        rs.write(status, error)
+
+
+class Job:
+    """Everything one rank's run is made of (built by ``build``)."""
+
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+
+
+def build(cfg, device, dist, log, rs):
     world = dist.world_size
     batch_per_rank = cfg.batch_size // world
-    procs = max(1, cfg.procs_per_node)
-    workers = int(math.ceil(cfg.workers / float(procs)))
-    out_dir = cfg.output_dir
-    if dist.is_main:
-        os.makedirs(out_dir, exist_ok=True)
-    name = summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY
-    rs = summary.RunSummary(cfg, os.path.join(out_dir, name)) if dist.is_main else None
-    try:
-        return _run(cfg, device, dist, log, world, batch_per_rank, workers, rs)
-    except KeyboardInterrupt:
-        if rs is not None and rs.started:
-            rs.write("interrupted", "interrupted by the user")
-        log.warn("interrupted")
-        return 130
-    except UsageError as exc:
-        if rs is not None and rs.started:
-            rs.write("failed", one_line(exc))
-        raise
-    except BaseException as exc:
-        if rs is not None and rs.started:
-            rs.write("failed", "{}: {}".format(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
-        raise
-
-
-def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
+    workers = int(math.ceil(cfg.workers / float(max(1, cfg.procs_per_node))))
     resume_path = checkpoint.resolve_resume(cfg.resume, cfg.output_dir)
     ckpt = None
     if resume_path is not None and not cfg.evaluate:
@@ -125,7 +138,48 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
     if cfg.num_classes is not None and info.classes is not None and cfg.num_classes < info.num_classes:
         raise UsageError("--num-classes {} is below the {} class folders in the data".format(
             cfg.num_classes, info.num_classes))
+    model = build_model(cfg, num_classes, device, world)
+    precision = ampmod.resolve(cfg, device)
+    log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
+        "| amp {} | data {} ({} classes, {} train / {} val images)".format(
+            cfg.arch, device.name, world, batch_per_rank, cfg.batch_size, cfg.lr, cfg.lr_schedule,
+            cfg.warmup_epochs, _amp_label(precision), info.layout, num_classes, info.train_images,
+            info.val_images), all_ranks=True)
+    job = Job(cfg=cfg, device=device, dist=dist, log=log, rs=rs, info=info, num_classes=num_classes,
+              seed=seed, precision=precision, train_loader=train_loader, val_loader=val_loader,
+              normalizer=data.Normalizer(device, cfg.channels_last), resume_path=resume_path)
+    if cfg.evaluate:
+        job.model = job.model_for_eval = model
+        return job
 
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(device.torch_device)
+    model, step = ampmod.build_step(precision, device, model, cfg.lr, cfg.momentum, cfg.weight_decay)
+    for note in step.notes:
+        log("note: " + note)
+    start_epoch, best_acc1 = cfg.start_epoch, None
+    if ckpt is not None:
+        if int(ckpt["epoch"]) >= cfg.epochs:
+            raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
+                             "--epochs to continue)".format(resume_path, ckpt["epoch"], cfg.epochs))
+        start_epoch, best_acc1 = _restore(cfg, ckpt, model, step, device, log, resume_path)
+    model_for_eval = model
+    if dist.active:
+        model = device.ddp(model, cfg.broadcast_buffers)
+    steps = len(train_loader)
+    if cfg.max_steps_per_epoch:
+        steps = min(steps, cfg.max_steps_per_epoch)
+    schedule = Schedule(cfg.lr, cfg.lr_schedule, cfg.epochs, cfg.warmup_epochs, steps)
+    profiler = None
+    if cfg.profile_steps is not None:
+        from trainer.profiling import StepProfiler
+        profiler = StepProfiler(cfg.profile_steps, cfg.profile_stop, device, cfg.output_dir, dist.rank, log)
+    job.__dict__.update(model=model, model_for_eval=model_for_eval, criterion=criterion, step=step,
+                        start_epoch=start_epoch, best_acc1=best_acc1, steps=steps, schedule=schedule,
+                        profiler=profiler, saver=checkpoint.CheckpointSaver(cfg.output_dir))
+    return job
+
+
+def build_model(cfg, num_classes, device, world):
     kwargs = {"zero_init_residual": True} if cfg.zero_init_residual else {}
     try:
         model = models.get_model(cfg.arch, num_classes=num_classes, weights=cfg.pretrained, **kwargs)
@@ -139,139 +193,121 @@ def _run(cfg, device, dist, log, world, batch_per_rank, workers, rs):
     model = model.to(device.torch_device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    return model
 
-    log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
-        "| amp {} | data {} ({} classes, {} train / {} val images)".format(
-            cfg.arch, device.name, world, batch_per_rank, cfg.batch_size, cfg.lr, cfg.lr_schedule,
-            cfg.warmup_epochs, "off" if not cfg.amp else cfg.amp_impl, info.layout, num_classes,
-            info.train_images, info.val_images), all_ranks=True)
 
-    normalizer = data.Normalizer(device, cfg.channels_last)
-    mp = ampmod.MixedPrecision(cfg, device)
+def _amp_label(precision):
+    if not precision.enabled:
+        return "off" if precision.note is None else "off (float32: no native bfloat16 here)"
+    return "{} {}".format(precision.impl, precision.dtype_name)
 
-    if cfg.evaluate:
-        return _evaluate(cfg, device, dist, log, model, mp, normalizer, val_loader, info, rs, resume_path)
 
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(device.torch_device)
-    optimizer, opt_name = device.sgd(model.parameters(), cfg.lr, cfg.momentum, cfg.weight_decay,
-                                     apex_amp_in_use=mp.impl == "apex")
-    model, optimizer = mp.setup(model, optimizer)
-    for note in mp.notes:
-        log("note: " + note)
-
-    start_epoch, best_acc1 = cfg.start_epoch, None
-    if ckpt is not None:
-        if int(ckpt["epoch"]) >= cfg.epochs:
-            raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
-                             "--epochs to continue)".format(resume_path, ckpt["epoch"], cfg.epochs))
-        start_epoch, best_acc1 = _restore(cfg, ckpt, model, optimizer, mp, device, log, resume_path)
-
-    model_for_eval = model
-    if dist.active:
-        model = device.ddp(model, cfg.broadcast_buffers)
-
-    steps = len(train_loader)
-    if cfg.max_steps_per_epoch:
-        steps = min(steps, cfg.max_steps_per_epoch)
-    schedule = Schedule(cfg.lr, cfg.lr_schedule, cfg.epochs, cfg.warmup_epochs, steps)
-    profiler = None
-    if cfg.profile_steps is not None:
-        from trainer.profiling import StepProfiler
-        profiler = StepProfiler(cfg.profile_steps, cfg.profile_stop, device, cfg.output_dir, dist.rank, log)
-    engine = Engine(model, criterion, optimizer, mp, device, dist, normalizer, schedule, cfg, log, profiler,
-                    grads_to_none=device.zero_grad_to_none(opt_name))
-
-    ckpt_path = os.path.join(cfg.output_dir, checkpoint.CHECKPOINT)
-    best_path = os.path.join(cfg.output_dir, checkpoint.BEST)
-    if rs is not None:
-        rs.update(device=device.name, world_size=world, per_device_batch_size=batch_per_rank,
-                  steps_per_epoch=steps, optimizer=opt_name, data_layout=info.layout,
-                  train_images=info.train_images, num_classes=num_classes, amp=mp.describe(),
-                  best_acc1=best_acc1, epochs_completed=start_epoch)
-        if os.path.exists(ckpt_path):
-            rs.update(checkpoint=ckpt_path)
-        if os.path.exists(best_path):
-            rs.update(best_checkpoint=best_path)
-
-    timed_images = timed_seconds = timed_steps = wait = wall = 0.0
-    last_val = None
+def train(job):
+    cfg, dist, log, rs = job.cfg, job.dist, job.log, job.rs
+    engine = Engine(job.model, job.criterion, job.step, job.precision, job.device, dist, job.normalizer,
+                    job.schedule, cfg, log, job.profiler)
+    totals = {"images": 0.0, "seconds": 0.0, "steps": 0.0, "wait": 0.0, "wall": 0.0, "trained_steps": 0}
+    best_acc1, last_val = job.best_acc1, None
+    _record(job, totals, epochs_completed=job.start_epoch, best_acc1=best_acc1, **job.saver.existing())
     if rs is not None:
         rs.started = True
-    for epoch in range(start_epoch, cfg.epochs):
-        tr = engine.train_one_epoch(train_loader, epoch, steps)
+    for epoch in range(job.start_epoch, cfg.epochs):
+        tr = engine.train_one_epoch(job.train_loader, epoch, job.steps)
         if tr["fps"] is not None:
-            timed_images += tr["fps"] * tr["timed_seconds"]
-            timed_seconds += tr["timed_seconds"]
-            timed_steps += tr["timed_steps"]
-        wait += tr["data_wait_seconds"]
-        wall += tr["seconds"]
+            totals["images"] += tr["fps"] * tr["timed_seconds"]
+            totals["seconds"] += tr["timed_seconds"]
+            totals["steps"] += tr["timed_steps"]
+        totals["wait"] += tr["data_wait_seconds"]
+        totals["wall"] += tr["seconds"]
+        totals["trained_steps"] += tr["steps"]
         done = epoch + 1
         val = None
         if cfg.validate and (done % cfg.eval_freq == 0 or done == cfg.epochs or engine.stop_requested):
-            val = engine.validate(val_loader, model_for_eval)
-            last_val = val
+            val = last_val = engine.validate(job.val_loader, job.model_for_eval)
         is_best = val is not None and (best_acc1 is None or val["acc1"] > best_acc1)
         if is_best:
             best_acc1 = val["acc1"]
-        overflow = mp.overflow_steps() if mp.enabled else 0
+        overflow = job.step.overflow_steps() if job.precision.scaled else 0
         if overflow:
             log("=> {} step(s) skipped so far for inf/nan gradients (loss scale {})".format(
-                overflow, mp.current_scale()))
+                overflow, job.step.loss_scale()))
+        if not all_finite(_unwrap(job.model_for_eval).state_dict().values()):  # every rank stops alike
+            raise Diverged("non-finite weights", {"epoch": epoch, "step": None, "lr": None,
+                                                  "loss_scale": job.step.loss_scale()})
         if dist.is_main:
-            state = {
-                "format_version": checkpoint.FORMAT_VERSION, "epoch": done, "arch": cfg.arch,
-                "num_classes": num_classes, "classes": info.classes,
-                "state_dict": _unwrap(model_for_eval).state_dict(),
-                "best_acc1": float(best_acc1) if best_acc1 is not None else None,
-                "optimizer": optimizer.state_dict(), "lr_schedule": schedule.state_dict(),
-                "amp": mp.state_dict(), "rng": checkpoint.rng_states(device), "seed": seed,
-                "config": cfg.as_dict(),
-            }
-            checkpoint.save(state, ckpt_path)
-            if is_best:
-                checkpoint.copy(ckpt_path, best_path)
-            rs.update(epochs_completed=done, checkpoint=ckpt_path, train_acc1=tr["acc1"], final_loss=tr["loss"],
-                      best_acc1=best_acc1, amp=mp.describe(),
-                      train_fps=timed_images / timed_seconds if timed_seconds else None,
-                      train_step_time_ms=1000.0 * timed_seconds / timed_steps if timed_steps else None,
-                      data_time_fraction=wait / wall if wall else None)
-            if os.path.exists(best_path):
-                rs.update(best_checkpoint=best_path)
-            if last_val is not None:
-                rs.update(final_acc1=last_val["acc1"], final_acc5=last_val["acc5"], val_images=last_val["images"],
-                          val_loss=last_val["loss"])
+            job.saver.save(_checkpoint_state(job, done, best_acc1), is_best)
+            _record(job, totals, epochs_completed=done, train_acc1=tr["acc1"], final_loss=tr["loss"],
+                    best_acc1=best_acc1, last_val=last_val, **job.saver.existing())
             rs.write()
         dist.barrier()
         if engine.stop_requested:
             log("=> stopping after the profiled steps (--profile-stop)")
             break
-    if profiler is not None:
-        profiler.close()  # a run that ended before END still leaves its trace
+    if job.profiler is not None:
+        job.profiler.close()  # a run that ended before END still leaves its trace
     if rs is not None:
         rs.write("ok")
         log("=> summary: {}".format(os.path.abspath(rs.path)))
     return 0
 
 
-def _evaluate(cfg, device, dist, log, model, mp, normalizer, val_loader, info, rs, resume_path):
-    if resume_path is not None:
-        sd = checkpoint.state_dict_of(checkpoint.read(resume_path), resume_path)
+def _checkpoint_state(job, done, best_acc1):
+    amp_state = job.step.state_dict()
+    return {
+        "format_version": checkpoint.FORMAT_VERSION, "epoch": done, "arch": job.cfg.arch,
+        "num_classes": job.num_classes, "classes": job.info.classes,
+        "state_dict": _unwrap(job.model_for_eval).state_dict(),
+        "best_acc1": float(best_acc1) if best_acc1 is not None else None,
+        "optimizer": job.step.optimizer.state_dict(), "lr_schedule": job.schedule.state_dict(),
+        "amp": amp_state, "rng": checkpoint.rng_states(job.device), "seed": job.seed,
+        "config": job.cfg.as_dict(),
+    }
+
+
+def _record(job, totals, last_val=None, **fields):
+    """summary.json's fields of a training run, all filled here (rank 0 only)."""
+    if job.rs is None:
+        return
+    t = totals
+    overflow = job.step.overflow_steps() if job.precision.scaled else 0
+    job.rs.update(device=job.device.name, world_size=job.dist.world_size,
+                  per_device_batch_size=job.cfg.batch_size // job.dist.world_size, steps_per_epoch=job.steps,
+                  optimizer=job.step.name, data_layout=job.info.layout, train_images=job.info.train_images,
+                  num_classes=job.num_classes, amp=job.step.describe(), trained_steps=t["trained_steps"],
+                  overflow_steps=overflow,
+                  skipped_fraction=overflow / float(t["trained_steps"]) if t["trained_steps"] else 0.0,
+                  train_fps=t["images"] / t["seconds"] if t["seconds"] else None,
+                  train_step_time_ms=1000.0 * t["seconds"] / t["steps"] if t["steps"] else None,
+                  data_time_fraction=t["wait"] / t["wall"] if t["wall"] else None, **fields)
+    if last_val is not None:
+        job.rs.update(final_acc1=last_val["acc1"], final_acc5=last_val["acc5"], val_images=last_val["images"],
+                      val_loss=last_val["loss"])
+
+
+def evaluate(job):
+    cfg, log, rs, model = job.cfg, job.log, job.rs, job.model
+    if job.resume_path is not None:
+        sd = checkpoint.state_dict_of(checkpoint.read(job.resume_path), job.resume_path)
         try:
             model.load_state_dict(sd)
         except RuntimeError as exc:
             raise UsageError("'{}' does not fit --arch {} with {} classes ({})".format(
-                resume_path, cfg.arch, model_num_classes(model), str(exc).splitlines()[0][:160]))
-        log("=> evaluating '{}'".format(resume_path))
+                job.resume_path, cfg.arch, model_num_classes(model), str(exc).splitlines()[0][:160]))
+        log("=> evaluating '{}'".format(job.resume_path))
     elif cfg.pretrained is None:
         log("warning: --evaluate without --resume or --pretrained evaluates randomly initialised weights")
-    engine = Engine(model, None, None, mp, device, dist, normalizer, None, cfg, log)
+    engine = Engine(model, None, None, job.precision, job.device, job.dist, job.normalizer, None, cfg, log)
     if rs is not None:
         rs.started = True
-    val = engine.validate(val_loader, model)
+    val = engine.validate(job.val_loader, model)
     if rs is not None:
-        rs.update(device=device.name, world_size=dist.world_size, per_device_batch_size=cfg.batch_size // dist.world_size,
+        p = job.precision
+        rs.update(device=job.device.name, world_size=job.dist.world_size,
+                  per_device_batch_size=cfg.batch_size // job.dist.world_size,
                   final_acc1=val["acc1"], final_acc5=val["acc5"], best_acc1=val["acc1"], val_images=val["images"],
-                  val_loss=val["loss"], amp=mp.describe(), data_layout=info.layout, checkpoint=resume_path,
+                  val_loss=val["loss"], data_layout=job.info.layout, checkpoint=job.resume_path,
+                  amp={"enabled": p.enabled, "impl": p.impl, "requested_dtype": p.requested,
+                       "dtype": p.dtype_name, "note": p.note},
                   num_classes=model_num_classes(model))
         rs.write("ok")
         log("=> summary: {}".format(os.path.abspath(rs.path)))
@@ -287,11 +323,9 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-def _restore(cfg, ckpt, model, optimizer, mp, device, log, path):
+def _restore(cfg, ckpt, model, step, device, log, path):
     _unwrap(model).load_state_dict(checkpoint.strip_module(ckpt["state_dict"]))
-    if ckpt.get("optimizer"):
-        optimizer.load_state_dict(ckpt["optimizer"])
-    mp.load_state_dict(ckpt.get("amp"), log)
+    step.load_state_dict(ckpt.get("optimizer"), ckpt.get("amp"), log)
     checkpoint.restore_rng(ckpt.get("rng"), device)
     saved = ckpt.get("lr_schedule") or {}
     mine = {"lr": cfg.lr, "kind": cfg.lr_schedule, "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs}

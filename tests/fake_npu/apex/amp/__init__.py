@@ -56,12 +56,14 @@ class LossScaler(object):
         self._scale_backoff_factor = scale_backoff_factor
         self._scale_seq_len = scale_window
         self._unskipped = 0
+        self._has_overflow = False
 
     def loss_scale(self):
         return self._loss_scale
 
     def update_scale(self, has_overflow):
         """Returns True when the coming optimizer step must be skipped."""
+        self._has_overflow = bool(has_overflow)  # apex's LossScaler keeps the last step's verdict here
         if has_overflow and self.dynamic:
             new = self._loss_scale * self._scale_backoff_factor
             self._loss_scale = max(self._min_loss_scale, new) if self._min_loss_scale else new
@@ -107,6 +109,7 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
         "keep_batchnorm_fp32": keep_batchnorm_fp32, "master_weights": master_weights,
         "combine_grad": combine_grad, "combine_ddp": combine_ddp, "ddp_replica_count": ddp_replica_count,
         "dynamic_init_scale": dynamic_init_scale, "scale_window": scale_window,
+        "min_loss_scale": min_loss_scale, "max_loss_scale": max_loss_scale,
     }
     apex._record("initialize", options)
 

@@ -1,0 +1,81 @@
+"""Divergence guard: a run whose loss is no longer finite, or whose loss scaler skips step after step,
+stops on every rank with status ``diverged`` (exit code 4) before any checkpoint takes its weights.
+
+The counters live on the device and are read (and reduced over ranks) only where the engine reads
+its meters anyway: at print steps and at the end of an epoch. No extra host sync per step.
+"""
+import torch
+
+EXIT_DIVERGED = 4
+# A run of this many consecutive overflow-skipped steps is a run that no longer trains: a dynamic
+# scale has then halved 50 times (65536 -> ~6e-11); a static one has skipped every update.
+MAX_CONSECUTIVE_OVERFLOWS = 50
+
+_NO_STEP = 1e30
+
+
+class Diverged(Exception):
+    """The run stopped training; ``info`` goes into summary.json."""
+
+    exit_code = EXIT_DIVERGED
+
+    def __init__(self, reason, info):
+        self.reason, self.info = reason, dict(info, reason=reason)
+        super().__init__(self.message())
+
+    def message(self):
+        i = self.info
+        where = "epoch {} step {}".format(i["epoch"], i["step"]) if i.get("step") is not None else \
+            "epoch {}".format(i["epoch"])
+        scale = "" if i.get("loss_scale") is None else ", loss scale {:g}".format(i["loss_scale"])
+        lr = "" if i.get("lr") is None else ", lr {:g}".format(i["lr"])
+        return ("training diverged at {} ({}{}{}): lower --lr, add --warmup-epochs, or try --amp-dtype bfloat16 "
+                "(or no --amp); the last good checkpoint is kept".format(where, self.reason, lr, scale))
+
+
+class Guard:
+    """Per-epoch device counters: [non-finite losses, max consecutive overflow run, -first bad step]."""
+
+    def __init__(self, device):
+        self.device = device
+        self.stats = device.move(torch.tensor([0.0, 0.0, -_NO_STEP]))
+        self._run = device.move(torch.zeros(()))
+        self._seen = device.move(torch.zeros(()))
+
+    def observe(self, loss, found):
+        """One training step: its loss (device scalar) and the scaler's overflow flag (tensor, int or None)."""
+        self._seen += 1
+        bad = ~torch.isfinite(loss.detach().float())
+        self.stats[0] += bad.float()
+        step_if_bad = torch.where(bad, -self._seen, torch.full_like(self._seen, -_NO_STEP))
+        self.stats[2] = torch.maximum(self.stats[2], step_if_bad)
+        if found is not None:
+            if not torch.is_tensor(found):
+                found = torch.full_like(self._run, float(found))
+            f = found.reshape(()).float().clamp(max=1.0)
+            self._run = (self._run + 1.0) * f
+            self.stats[1] = torch.maximum(self.stats[1], self._run)
+
+    def check(self, dist, epoch, lr_at, loss_scale=lambda: None):
+        """Raise ``Diverged`` if any rank saw a non-finite loss or too long an overflow run.
+
+        ``lr_at(step)`` gives the LR of a 0-based step of this epoch; ``loss_scale()`` the current scale.
+        """
+        t = dist.all_reduce_max(self.stats.clone())
+        nonfinite, run, neg_first = (float(v) for v in t.tolist())
+        if nonfinite > 0:
+            step = int(round(-neg_first))  # 1-based, as in the log lines
+            raise Diverged("non-finite training loss", {"epoch": epoch, "step": step, "lr": lr_at(step - 1),
+                                                        "loss_scale": loss_scale()})
+        if run > MAX_CONSECUTIVE_OVERFLOWS:
+            raise Diverged("{} consecutive steps skipped for inf/NaN gradients".format(int(run)),
+                           {"epoch": epoch, "step": None, "lr": None, "loss_scale": loss_scale()})
+
+
+def all_finite(tensors):
+    """Whether every floating tensor of ``tensors`` is finite (one host sync)."""
+    by_device = {}
+    for t in tensors:
+        if torch.is_tensor(t) and t.is_floating_point():
+            by_device.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(flags).all()) for flags in by_device.values())
