@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint clean-demo
+.PHONY: install test demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -17,6 +17,11 @@ $(STAMP): requirements.txt
 
 test: install
 	$(PY) -m pytest -q tests
+
+# What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
+# check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.
+check-device:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/check_device.py --json check_device.json
 
 lint: install
 	shellcheck -x env_npu.sh test/*.sh

@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""What to run first on a new GPU or NPU box: a short battery that shows the trainer can be trusted there.
+
+    python3 tools/check_device.py [--device auto|npu|cuda|cpu] [--json FILE] [--work-dir DIR]
+                                  [--only NAME[,NAME...]] [--small]
+
+Checks (each PASS or FAIL, printed as a table and written as JSON):
+  contract        every optimizer x loss-scaler pairing the device layer returns: an inf gradient leaves
+                  parameters and momentum bitwise unchanged, and the next steps equal plain SGD's
+  train-fp32      a short run on generated JPEG images: the loss falls, Acc@1 clears chance, status ok
+  train-amp       the same with --amp (the device's automatic dtype); skipped steps bounded
+  train-fp16      the same with --amp --amp-dtype float16 (float16 + loss scaler), where auto is not float16
+  guard           --amp with lr 1e12: status diverged, exit code 4, the checkpoint left as it was
+  fps-resnet50, fps-shufflenet
+                  the trainer's images/s (--dummy, --amp, channels-last) against a bare forward/backward/
+                  step loop with the same precision on one batch kept on the device, in this process;
+                  PASS at 90 % of the bare loop or more (75 % with --small)
+  onnx            export of the train-amp checkpoint, checked with onnxruntime
+  precision       CPU float32 against the device in float32, per module (tools/compare_precision.py)
+  ddp             a one-device run spawned through --multiprocessing-distributed (nccl / hccl / gloo)
+
+--small uses tiny models and images (a CPU can run it in about a minute); without it the sizes are the
+ones that matter on an accelerator (ResNet50 at batch 256, ShuffleNetV2 at batch 1024, 224 px).
+Exit codes: 0 all PASS, 1 a FAIL, 2 a usage error. Training output goes to --work-dir/*.log.
+"""
+import argparse
+import contextlib
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from trainer import cli  # noqa: E402
+from trainer.errors import UsageError  # noqa: E402
+
+CHECKS = ("contract", "train-fp32", "train-amp", "train-fp16", "guard", "fps-resnet50", "fps-shufflenet",
+          "onnx", "precision", "ddp")
+FPS_PASS = 0.90
+
+
+class Sizes:
+    def __init__(self, small):
+        self.small = small
+        self.image = 32 if small else 64  # generated JPEGs
+        self.train_per_class, self.val_per_class = (150, 10) if small else (150, 20)
+        self.train_arch = "tiny_cnn" if small else "resnet18"
+        self.train_args = (["-b", "16", "--lr", "0.1", "--epochs", "3", "--wd", "0"] if small else
+                           ["-b", "64", "--lr", "0.2", "--epochs", "4", "--warmup-epochs", "1",
+                            "--lr-schedule", "cosine", "--wd", "5e-5"])
+        self.crop = ["--train-crop-size", str(self.image), "--val-resize-size", str(self.image),
+                     "--val-crop-size", str(self.image), "--crop-scale-min", "0.35"]
+        self.fps = ({"fps-resnet50": ("tiny_cnn", 16, 32), "fps-shufflenet": ("shufflenet_v2_x0_5_npu", 16, 32)}
+                    if small else
+                    {"fps-resnet50": ("resnet50", 256, 224), "fps-shufflenet": ("shufflenet_v2_x1_0_npu", 1024, 224)})
+        self.fps_steps, self.fps_warmup = (8, 3) if small else (60, 15)
+        # a 32-px tiny model on a CPU is dominated by the trainer's per-step bookkeeping (meters, guard,
+        # LR), which is a rounding error beside a real model's step on an accelerator
+        self.fps_pass = 0.75 if small else FPS_PASS
+        self.precision_arch = "tiny_cnn" if small else "resnet18"
+
+
+def epoch_losses(text):
+    """Last printed running loss of each epoch, from the examples-format lines."""
+    last = {}
+    for m in re.finditer(r"^Epoch: \[(\d+)\]\[\s*\d+/\d+\].*?Loss \S+ \((\S+)\)", text, re.M):
+        last[int(m.group(1))] = float(m.group(2))
+    return [last[k] for k in sorted(last)]
+
+
+class Battery:
+    def __init__(self, device, work, sizes, log):
+        self.device, self.work, self.sizes, self.log = device, work, sizes, log
+        self.results = []
+        self.data = None
+
+    # -- plumbing
+    def main_py(self, name, args, timeout=900):
+        """Run main.py in a child process; (exit code, summary dict or None, output text)."""
+        out_dir = os.path.join(self.work, name)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "main.py")] + args + ["--output-dir", out_dir],
+                              capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        with open(os.path.join(self.work, name + ".log"), "w") as f:
+            f.write(proc.stdout + proc.stderr)
+        summary = None
+        path = os.path.join(out_dir, "summary.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                summary = json.load(f)
+        return proc.returncode, summary, proc.stdout + proc.stderr
+
+    def dataset(self):
+        if self.data is None:
+            from tools.make_dataset import generate
+            self.data = generate(os.path.join(self.work, "data"), classes=10,
+                                 train_per_class=self.sizes.train_per_class, val_per_class=self.sizes.val_per_class,
+                                 size=self.sizes.image, seed=0)
+        return self.data
+
+    def base(self):
+        return ["--device", self.device.kind, "--seed", "0", "-p", "10", "-j", "4"] + self.sizes.crop
+
+    def record(self, name, ok, detail, **values):
+        row = {"name": name, "status": "PASS" if ok else "FAIL", "detail": detail}
+        row.update(values)
+        self.results.append(row)
+        self.log("{:<16} {}  {}".format(name, row["status"], detail))
+
+    # -- checks
+    def check_contract(self):
+        from trainer import amp as ampmod
+        from trainer.device import fused_sgd_skips_overflow
+        pairings = [("float16", None), ("float16", 128.0)]
+        if self.device.kind != "npu":
+            pairings.append(("bfloat16", None))
+        bad, names = [], []
+        for dtype_name, scale in pairings:
+            dtype = getattr(torch, dtype_name)
+            prec = ampmod.Precision(dtype_name, "native", dtype, scale)
+            for fused in ((None, False) if self.device.kind != "npu" else (None,)):
+                problem, name = overflow_contract(self.device, prec, fused)
+                names.append("{}{}+{}".format(dtype_name, "" if scale is None else "@{:g}".format(scale), name))
+                if problem:
+                    bad.append("{}: {}".format(names[-1], problem))
+        fused_ok = fused_sgd_skips_overflow(self.device) if self.device.kind != "npu" else None
+        self.record("contract", not bad, "; ".join(bad) if bad else "{} pairings hold ({})".format(
+            len(names), ", ".join(names)), pairings=names, fused_probe=fused_ok)
+
+    def _train(self, name, extra, min_drop=0.2):
+        rc, s, text = self.main_py(name, [self.dataset(), "-a", self.sizes.train_arch] + self.base()
+                                   + self.sizes.train_args + extra)
+        losses = epoch_losses(text)
+        if rc != 0 or s is None or s.get("status") != "ok":
+            self.record(name, False, "exit {} status {}: {}".format(rc, s and s.get("status"), _tail(text)))
+            return s
+        fell = len(losses) >= 2 and losses[-1] < (1 - min_drop) * losses[0]
+        acc = s.get("final_acc1") or 0.0
+        steps = max(1, s.get("trained_steps") or 1)
+        overflow = s.get("overflow_steps") or 0
+        bounded = overflow <= max(5, 0.1 * steps)
+        ok = fell and acc > 20.0 and bounded
+        self.record(name, ok, "{} {}: loss {} -> {}, Acc@1 {:.1f} %, {} of {} steps skipped, {:.0f} img/s".format(
+            s["amp"]["dtype"], s.get("optimizer"), _f(losses[0] if losses else None), _f(losses[-1] if losses else None),
+            acc, overflow, steps, s.get("train_fps") or 0), losses=losses, acc1=acc, overflow_steps=overflow,
+            trained_steps=steps, dtype=s["amp"]["dtype"], optimizer=s.get("optimizer"), train_fps=s.get("train_fps"))
+        return s
+
+    def check_train_fp32(self):
+        self._train("train-fp32", [])
+
+    def check_train_amp(self):
+        self._train("train-amp", ["--amp"])
+
+    def check_train_fp16(self):
+        auto, _ = self.device.resolve_amp_dtype("auto")
+        if auto == torch.float16:
+            self.record("train-fp16", True, "auto is float16 here: train-amp covered it")
+            return
+        self._train("train-fp16", ["--amp", "--amp-dtype", "float16"])
+
+    def check_guard(self):
+        name = "guard"
+        args = [self.dataset(), "-a", self.sizes.train_arch] + self.base() + ["-b", "16", "--max-steps-per-epoch",
+                                                                             "6", "-p", "2"]
+        rc, _, text = self.main_py(name, args + ["--epochs", "1"])
+        ckpt = os.path.join(self.work, name, "checkpoint.pth.tar")
+        if rc != 0 or not os.path.exists(ckpt):
+            self.record(name, False, "the first epoch failed: " + _tail(text))
+            return
+        with open(ckpt, "rb") as f:
+            before = f.read()
+        rc, s, text = self.main_py(name, args + ["--epochs", "2", "--resume", "auto", "--lr", "1e12", "--amp"])
+        with open(ckpt, "rb") as f:
+            kept = f.read() == before
+        ok = rc == 4 and s is not None and s.get("status") == "diverged" and kept
+        self.record(name, ok, "exit {}, status {}, checkpoint {}: {}".format(
+            rc, s and s.get("status"), "unchanged" if kept else "CHANGED", (s or {}).get("error")))
+
+    def check_fps(self, name):
+        arch, batch, size = self.sizes.fps[name]
+        steps, warm = self.sizes.fps_steps, self.sizes.fps_warmup
+        bare1 = bare_loop(self.device, arch, batch, size, steps, warm)
+        trainer = self._trainer_fps(name, arch, batch, size, steps, warm)
+        bare2 = bare_loop(self.device, arch, batch, size, steps, warm)
+        bare = (bare1 + bare2) / 2.0
+        ratio = trainer / bare if bare and trainer else 0.0
+        self.record(name, ratio >= self.sizes.fps_pass, "{} bs {} {} px: trainer {:.0f} img/s, bare loop {:.0f} ({:.0f} / {:.0f}) "
+                    "= {:.3f}".format(arch, batch, size, trainer or 0, bare, bare1, bare2, ratio),
+                    arch=arch, batch=batch, image_size=size, trainer_fps=trainer, bare_fps=[bare1, bare2], ratio=ratio)
+
+    def _trainer_fps(self, name, arch, batch, size, steps, warm):
+        from trainer.config import parse_config
+        from trainer import run
+        out = os.path.join(self.work, name)
+        cfg, _ = parse_config(["--dummy", "-a", arch, "-b", str(batch), "--amp", "--channels-last", "--device",
+                               self.device.kind, "--epochs", "1", "--max-steps-per-epoch", str(steps + warm),
+                               "--fps-warmup-steps", str(warm), "--no-validate", "--train-crop-size", str(size),
+                               "--seed", "0", "-p", str(steps + warm), "--output-dir", out], env={})
+        with open(os.path.join(self.work, name + ".log"), "w") as f, contextlib.redirect_stdout(f):
+            code = run.worker(cfg)
+        if code != 0:
+            return 0.0
+        with open(os.path.join(out, "summary.json")) as f:
+            return json.load(f).get("train_fps") or 0.0
+
+    def check_onnx(self):
+        ckpt = os.path.join(self.work, "train-amp", "checkpoint.pth.tar")
+        if not os.path.exists(ckpt):
+            self.record("onnx", False, "no train-amp checkpoint (run train-amp first)")
+            return
+        from tools import export_onnx
+        buf = _Capture()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            code = export_onnx.main([ckpt, "--image-size", str(self.sizes.image), "--force",
+                                     "--output", os.path.join(self.work, "model.onnx")])
+        lines = [ln.strip() for ln in buf.text().splitlines() if "batch" in ln or "error" in ln]
+        self.record("onnx", code == 0, "; ".join(lines[-3:]) or buf.text()[-300:])
+
+    def check_precision(self):
+        from tools import compare_precision
+        out = os.path.join(self.work, "precision.json")
+        buf = _Capture()
+        # float32 on both sides; the device may use TF32 or other reduced-precision math for float32
+        # convolutions, hence the tolerance of 1e-2 relative to each tensor's largest value
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            code = compare_precision.main(["-a", self.sizes.precision_arch, "--reference", "cpu", "--target",
+                                           self.device.kind, "--image-size", "64", "--rtol", "1e-2",
+                                           "--atol", "1e-4", "--output", out, "--force"])
+        if code == 2 or not os.path.exists(out):
+            self.record("precision", False, buf.text()[-300:])
+            return
+        with open(out) as f:
+            res = json.load(f)
+        fwd = [r for r in res["rows"] if r["kind"] in ("forward", "loss")]
+        worst = max((r["rel"] for r in fwd if isinstance(r["rel"], float)), default=0.0)
+        self.record("precision", res["over_tolerance"] == 0,
+                    "{} tensors, {} over rtol 1e-2; forward max rel {:.2e}; guide's mean-abs criterion: {} over; "
+                    "first over: {}".format(res["compared"], res["over_tolerance"], worst, res["guide_over"],
+                                            res["first_over"]),
+                    compared=res["compared"], over=res["over_tolerance"], guide_over=res["guide_over"],
+                    forward_max_rel=worst, max_rel=res["max_rel"])
+
+    def check_ddp(self):
+        rc, s, text = self.main_py("ddp", ["--dummy", "-a", self.sizes.train_arch, "--device", self.device.kind,
+                                           "--multiprocessing-distributed", "--device-list", "0", "--port", "0",
+                                           "-b", "16", "--epochs", "1", "--max-steps-per-epoch", "4",
+                                           "--no-validate", "--seed", "0", "--train-crop-size", "32"])
+        ok = rc == 0 and s is not None and s.get("status") == "ok" and s.get("world_size") == 1
+        backend = {"npu": "hccl", "cuda": "nccl"}.get(self.device.kind, "gloo")
+        self.record("ddp", ok, "{} spawned, 1 process: exit {}, status {}".format(
+            backend, rc, s and s.get("status")) + ("" if ok else ": " + _tail(text)))
+
+
+def overflow_contract(device, precision, fused):
+    """(problem or None, optimizer name): one overflow step then two finite ones against plain SGD."""
+    from trainer import amp as ampmod
+    torch.manual_seed(0)
+    dev = device.torch_device
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(dev)
+    ref = copy.deepcopy(model)
+    model, step = ampmod.build_step(precision, device, model, 0.05, 0.9, 1e-3, fused=fused)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 16, generator=gen).to(dev), torch.randint(0, 4, (8,), generator=gen).to(dev))
+               for _ in range(3)]
+    if precision.scaled:
+        before = [p.detach().clone() for p in model.parameters()]
+        state = copy.deepcopy(step.optimizer.state_dict()["state"])
+        x, y = batches[0]
+        step.zero_grad()
+        step(torch.nn.functional.cross_entropy(model(x), y) * float("inf"))
+        if not all(torch.equal(a, b) for a, b in zip(before, model.parameters())):
+            return "parameters moved on an overflow step", step.name
+        after = step.optimizer.state_dict()["state"]
+        if state.keys() != after.keys() or any(not torch.equal(state[k][n], after[k][n]) for k in state
+                                               for n in state[k] if torch.is_tensor(state[k][n])):
+            return "momentum changed on an overflow step", step.name
+    for x, y in batches:
+        step.zero_grad()
+        step(torch.nn.functional.cross_entropy(model(x), y))
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+                for a, b in zip((p.detach() for p in model.parameters()), (p.detach() for p in ref.parameters())))
+    if not worst <= 1e-5:
+        return "finite steps differ from plain SGD (rel {:.1e})".format(worst), step.name
+    return None, step.name
+
+
+def bare_loop(device, arch, batch, size, steps, warm):
+    """images/s of a bare forward/backward/step loop with the trainer's precision choice (no data pipeline)."""
+    import models
+    from trainer import amp as ampmod
+
+    class _Cfg:
+        amp, amp_impl, amp_dtype, loss_scale, opt_level = True, "native", "auto", None, "O2"
+    prec = ampmod.resolve(_Cfg, device)
+    torch.manual_seed(0)
+    model = models.get_model(arch, num_classes=1000)
+    if hasattr(model, "set_index_dtype"):
+        model.set_index_dtype(device.index_dtype)
+    model = model.to(device.torch_device).to(memory_format=torch.channels_last)
+    model, step = ampmod.build_step(prec, device, model, 0.1, 0.9, 1e-4)
+    x = torch.randn(batch, 3, size, size, device=device.torch_device).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=device.torch_device).to(device.target_dtype)
+    criterion = torch.nn.CrossEntropyLoss()
+    model.train()
+    t0 = None
+    for i in range(warm + steps):
+        if i == warm:
+            device.synchronize()
+            t0 = time.time()
+        with step.autocast():
+            loss = criterion(model(x), y)
+        step.zero_grad()
+        step(loss)
+    device.synchronize()
+    return steps * batch / (time.time() - t0)
+
+
+class _Capture:
+    def __init__(self):
+        self.parts = []
+
+    def write(self, s):
+        self.parts.append(s)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.parts)
+
+
+def _tail(text, n=300):
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:n]
+
+
+def _f(v):
+    return "-" if v is None else "{:.3f}".format(v)
+
+
+def build_parser():
+    from trainer.device import KINDS
+    p = cli.UsageParser(prog="check_device.py", description=__doc__.split("\n\n")[0],
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--device", choices=("auto",) + KINDS, default="auto",
+                   help="the device to check (auto: the accelerator if there is one)")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the results here")
+    p.add_argument("--work-dir", default=None, metavar="DIR", help="data, runs and logs (default: a temp folder)")
+    p.add_argument("--only", default=None, metavar="NAMES", help="comma-separated subset of: " + ", ".join(CHECKS))
+    p.add_argument("--small", action="store_true", help="tiny models and images (for a CPU)")
+    return p
+
+
+def run(args, out=None):
+    from trainer.device import Device, versions
+    log = cli.printer(out)
+    only = CHECKS if args.only is None else tuple(s.strip() for s in args.only.split(",") if s.strip())
+    unknown = [c for c in only if c not in CHECKS]
+    if unknown or not only:
+        raise UsageError("--only: unknown check '{}' (known: {})".format(
+            unknown[0] if unknown else args.only, ", ".join(CHECKS)))
+    if args.json is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise UsageError("--json folder '{}' does not exist".format(os.path.dirname(os.path.abspath(args.json))))
+    device = Device.create(args.device)
+    work = args.work_dir or tempfile.mkdtemp(prefix="check_device-")
+    if os.path.exists(work) and not os.path.isdir(work):
+        raise UsageError("--work-dir '{}' is a file".format(work))
+    os.makedirs(work, exist_ok=True)
+    if args.work_dir and any(os.path.exists(os.path.join(work, c)) for c in CHECKS):
+        raise UsageError("--work-dir '{}' holds an earlier battery; choose an empty folder".format(work))
+    name = device.name
+    if device.kind == "cuda":
+        name += " ({})".format(torch.cuda.get_device_name(device.index))
+    log("=> checking {} | torch {} | work dir {}".format(name, torch.__version__, work))
+    battery = Battery(device, work, Sizes(args.small or device.kind == "cpu"), log)
+    t0 = time.time()
+    for check in only:
+        started = time.time()
+        try:
+            if check.startswith("fps-"):
+                battery.check_fps(check)
+            else:
+                getattr(battery, "check_" + check.replace("-", "_"))()
+        except Exception as exc:  # a check that breaks is a FAIL with its reason, not a crash of the battery
+            battery.record(check, False, "{}: {}".format(type(exc).__name__, _tail(str(exc) or "")))
+        battery.results[-1]["seconds"] = round(time.time() - started, 1)
+    passed = all(r["status"] == "PASS" for r in battery.results)
+    log("=> {} of {} checks passed in {:.0f} s{}".format(sum(r["status"] == "PASS" for r in battery.results),
+                                                       len(battery.results), time.time() - t0,
+                                                       "" if passed else ": FAIL"))
+    if args.json is not None:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "versions": versions(), "passed": passed, "seconds": round(time.time() - t0, 1),
+                       "checks": battery.results}, f, indent=1, default=str)
+        log("=> results: {}".format(os.path.abspath(args.json)))
+    return 0 if passed else 1
+
+
+def main(argv=None):
+    return cli.run(lambda a: run(build_parser().parse_args(a)), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
