@@ -25,11 +25,15 @@ autocast in --amp-dtype (auto: what main.py --amp uses on that device, bfloat16 
 train float32); with float16 the loss is multiplied by --loss-scale for backward and the gradients are
 divided by it again.
 
+float32 is strict float32 on both sides: the reduced-precision float32 shortcuts a device takes by
+default (TF32 on CUDA, HF32 on newer NPUs) are off during the comparison.
+
 The usual check is the CPU (reference, float32) against the accelerator: --target cuda or npu. A
 process drives one accelerator, so the two sides cannot be two different accelerators.
 Exit codes: 0 all within tolerance; 1 something over tolerance; 2 a usage error.
 """
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -254,8 +258,10 @@ def compare_precision(model, batches, ref_device, tgt_device, amp_dtype=None, rt
     if hasattr(model, "set_index_dtype"):
         model.set_index_dtype(ref_device.index_dtype)
     scale = loss_scale if amp_dtype == torch.float16 else None
-    ref_records, n_dropout = record_run(model, batches, ref_device, None, lr, None, seed)
-    tgt_records, _ = record_run(tgt_model, batches, tgt_device, amp_dtype, lr, scale, seed)
+    with ref_device.strict_float32():
+        ref_records, n_dropout = record_run(model, batches, ref_device, None, lr, None, seed)
+    with (tgt_device.strict_float32() if amp_dtype is None else contextlib.nullcontext()):
+        tgt_records, _ = record_run(tgt_model, batches, tgt_device, amp_dtype, lr, scale, seed)
     rows, only_ref, only_tgt = compare_records(ref_records, tgt_records, rtol, atol)
     result = {
         "reference": {"device": ref_device.name, "amp": False},

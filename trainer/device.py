@@ -379,6 +379,26 @@ class Device:
         raise UsageError("--amp on CPU needs torch >= 1.10 (bfloat16 autocast); this is torch {}"
                          .format(torch.__version__))
 
+    @contextlib.contextmanager
+    def strict_float32(self):
+        """float32 math without the reduced-precision shortcuts a device may take for float32 by default
+        (TF32 convolutions and matmuls on CUDA, HF32 on newer NPUs) inside the block; restored after."""
+        switches = []
+        if self.kind == "cuda":
+            switches = [(torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32")]
+        elif self.kind == "npu":
+            npu = npu_module().npu
+            switches = [(m, "allow_hf32") for m in (getattr(npu, "conv", None), getattr(npu, "matmul", None))
+                        if m is not None and hasattr(m, "allow_hf32")]
+        saved = [(obj, name, getattr(obj, name)) for obj, name in switches]
+        try:
+            for obj, name, _ in saved:
+                setattr(obj, name, False)
+            yield
+        finally:
+            for obj, name, value in saved:
+                setattr(obj, name, value)
+
     def grad_scaler(self, loss_scale=None):
         """A GradScaler for float16 autocast that skips every step whose gradients hold inf/NaN.
 
