@@ -1,9 +1,8 @@
 """Mixed precision and the optimizer step, as one object.
 
 ``resolve`` decides the precision of a run (dtype, loss scaling) from the flags and the device;
-``build_step`` pairs the device's SGD with it and returns an ``OptimizerStep``: ``step(loss)`` runs
-backward and an update that is skipped entirely (parameters and momentum untouched) when the
-gradients hold inf/NaN. Details and the reasons behind each choice: docs/PRECISION.md.
+``build_step`` pairs the device's SGD with it and returns an ``OptimizerStep`` whose ``step(loss)``
+skips an update entirely when the gradients hold inf/NaN. Reasons and details: docs/PRECISION.md.
 """
 import contextlib
 import inspect
