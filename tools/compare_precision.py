@@ -260,7 +260,8 @@ def compare_precision(model, batches, ref_device, tgt_device, amp_dtype=None, rt
     scale = loss_scale if amp_dtype == torch.float16 else None
     with ref_device.strict_float32():
         ref_records, n_dropout = record_run(model, batches, ref_device, None, lr, None, seed)
-    with (tgt_device.strict_float32() if amp_dtype is None else contextlib.nullcontext()):
+    strict = tgt_device.strict_float32() if amp_dtype is None else contextlib.nullcontext()
+    with strict:
         tgt_records, _ = record_run(tgt_model, batches, tgt_device, amp_dtype, lr, scale, seed)
     rows, only_ref, only_tgt = compare_records(ref_records, tgt_records, rtol, atol)
     result = {

@@ -135,6 +135,10 @@ def build_parser():
         description="ImageNet-style training and evaluation on Ascend NPU, CUDA or CPU "
                     "(a port of pytorch/examples' imagenet/main.py).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Exit codes: 0 the model trained (summary.json status ok); 1 a crash (failed); 2 a user error "
+               "(one line on stderr); 4 the run diverged (status diverged: a non-finite training loss, more than "
+               "50 consecutive float16 steps skipped for inf/NaN gradients, or non-finite weights; the last good "
+               "checkpoints are kept; see docs/PRECISION.md); 130 interrupted.",
     )
     from trainer import recipes  # local import: recipes reads a data file
 

@@ -58,6 +58,7 @@ def preflight(cfg):
 def run(cfg):
     """Entry point after parsing: returns the process exit code."""
     kind = preflight(cfg)
+    cfg = cfg.replace(device=kind)  # resolved once, here
     if cfg.launch == "spawn":
         return distributed.spawn(cfg, kind, worker)
     return worker(cfg)
@@ -146,6 +147,7 @@ def build(cfg, device, dist, log, rs):
             cfg.warmup_epochs, _amp_label(precision), info.layout, num_classes, info.train_images,
             info.val_images), all_ranks=True)
     job = Job(cfg=cfg, device=device, dist=dist, log=log, rs=rs, info=info, num_classes=num_classes,
+              batch_per_rank=batch_per_rank,
               seed=seed, precision=precision, train_loader=train_loader, val_loader=val_loader,
               normalizer=data.Normalizer(device, cfg.channels_last), resume_path=resume_path)
     if cfg.evaluate:
@@ -271,7 +273,7 @@ def _record(job, totals, last_val=None, **fields):
     t = totals
     overflow = job.step.overflow_steps() if job.precision.scaled else 0
     job.rs.update(device=job.device.name, world_size=job.dist.world_size,
-                  per_device_batch_size=job.cfg.batch_size // job.dist.world_size, steps_per_epoch=job.steps,
+                  per_device_batch_size=job.batch_per_rank, steps_per_epoch=job.steps,
                   optimizer=job.step.name, data_layout=job.info.layout, train_images=job.info.train_images,
                   num_classes=job.num_classes, amp=job.step.describe(), trained_steps=t["trained_steps"],
                   overflow_steps=overflow,
@@ -303,7 +305,7 @@ def evaluate(job):
     if rs is not None:
         p = job.precision
         rs.update(device=job.device.name, world_size=job.dist.world_size,
-                  per_device_batch_size=cfg.batch_size // job.dist.world_size,
+                  per_device_batch_size=job.batch_per_rank,
                   final_acc1=val["acc1"], final_acc5=val["acc5"], best_acc1=val["acc1"], val_images=val["images"],
                   val_loss=val["loss"], data_layout=job.info.layout, checkpoint=job.resume_path,
                   amp={"enabled": p.enabled, "impl": p.impl, "requested_dtype": p.requested,
