@@ -56,12 +56,12 @@ def resolve(cfg, device):
     if cfg.amp_impl == "apex":
         return Precision(cfg.amp_dtype, "apex", torch.float16, cfg.loss_scale, cfg.opt_level)
     dtype, note = device.resolve_amp_dtype(cfg.amp_dtype)
+    if dtype != torch.float16 and cfg.loss_scale is not None:
+        extra = "{} needs no loss scaling: --loss-scale {:g} is not used".format(
+            "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", cfg.loss_scale)
+        note = extra if note is None else note + "; " + extra
     if dtype is None:
         return Precision(cfg.amp_dtype, "none", None, None, note=note)
-    if dtype != torch.float16 and cfg.loss_scale is not None:
-        extra = "{} autocast needs no loss scaling: --loss-scale {:g} is not used".format(
-            str(dtype).replace("torch.", ""), cfg.loss_scale)
-        note = extra if note is None else note + "; " + extra
     return Precision(cfg.amp_dtype, "native", dtype, cfg.loss_scale if dtype == torch.float16 else None,
                      note=note)
 
