@@ -74,18 +74,43 @@ def strip_module(state_dict):
     return state_dict
 
 
+_held = {}  # the last file read, until the next read of it: preflight's check, then the run's load
+
+
+def _identity(path):
+    st = os.stat(path)
+    return (os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
 def read(path, what="checkpoint"):
-    """Load a file saved by torch.save; a missing or non-torch file is a UsageError."""
+    """Load a file saved by torch.save; a missing or non-torch file is a UsageError.
+
+    A file read twice in a row without changing on disk (the launcher's check, then the run's load in
+    the same process) is loaded once: the second read hands over the first one's object.
+    """
     if not os.path.exists(path):
         raise UsageError("{} '{}' does not exist".format(what, path))
     if not os.path.isfile(path):
         raise UsageError("{} '{}' is not a file".format(what, path))
+    key = _identity(path)
+    if _held.get("key") == key:
+        obj = _held["obj"]
+        _held.clear()
+        return obj
+    _held.clear()
     try:
-        return devmod.torch_load(path, map_location=devmod.load_location())
+        obj = devmod.torch_load(path, map_location=devmod.load_location())
+        _held.update(key=key, obj=obj)
+        return obj
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
             AttributeError, ImportError, IndexError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UsageError("{} '{}' is not a readable PyTorch checkpoint ({})".format(what, path, first[:200]))
+
+
+def release():
+    """Drop the file ``read`` holds for its next read (before a launcher starts its ranks)."""
+    _held.clear()
 
 
 def state_dict_of(obj, path):

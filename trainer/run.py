@@ -60,6 +60,7 @@ def run(cfg):
     kind = preflight(cfg)
     cfg = cfg.replace(device=kind)  # resolved once, here
     if cfg.launch == "spawn":
+        checkpoint.release()  # the ranks load for themselves
         return distributed.spawn(cfg, kind, worker)
     return worker(cfg)
 
