@@ -1,9 +1,8 @@
 """Model registry: torchvision's classification models plus this project's variants.
 
-``get_model(name, num_classes=1000, weights=None, **kwargs)`` builds a model by name;
-``weights`` is a local file (a state dict, or a checkpoint holding ``state_dict``,
-with or without DistributedDataParallel's ``module.`` prefix). Nothing is ever
-downloaded. ``list_models()`` gives every name, for ``--help`` and for suggestions.
+``get_model(name, num_classes=1000, **kwargs)`` builds a model by name, randomly initialised
+(weights files are the trainer's business: trainer/checkpoint.py); nothing is ever downloaded.
+``list_models()`` gives every name, for ``--help`` and for suggestions.
 """
 import difflib
 
@@ -54,7 +53,7 @@ def unknown_message(name):
         name, " (did you mean {}?)".format(", ".join(hint)) if hint else "")
 
 
-def get_model(name, num_classes=1000, weights=None, **kwargs):
+def get_model(name, num_classes=1000, **kwargs):
     _ensure_local_models()
     if name in _REGISTRY:
         model = _REGISTRY[name](num_classes=num_classes, **kwargs)
@@ -62,7 +61,4 @@ def get_model(name, num_classes=1000, weights=None, **kwargs):
         model = torchvision.models.__dict__[name](num_classes=num_classes, **kwargs)
     else:
         raise UnknownModelError(unknown_message(name))
-    if weights is not None:
-        from trainer.checkpoint import load_weights_into
-        load_weights_into(model, weights)
     return model

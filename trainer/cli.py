@@ -31,6 +31,21 @@ def number(cast, minimum, exclusive=False):
     return parse
 
 
+def parse_loss_scale(text):
+    """``dynamic`` -> None; a positive number -> float."""
+    if str(text).lower() == "dynamic":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
+    return value
+
+
 def report(exc):
     """Print a UsageError as ``error: <one line>`` on stderr; returns its exit code."""
     sys.stderr.write("error: {}\n".format(one_line(exc)))

@@ -12,7 +12,7 @@ import re
 from typing import Optional, Tuple
 
 from trainer.device import KINDS
-from trainer.cli import UsageParser, number
+from trainer.cli import UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
 from trainer.errors import UsageError
 
 DEVICES = ("auto",) + KINDS
@@ -78,27 +78,13 @@ class Config:
     sync_bn: bool
     broadcast_buffers: bool
     dist_timeout: float
+    notes: Tuple[str, ...] = ()  # how a recipe was adapted (logged at the start of the run)
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 
     def as_dict(self):
         return dataclasses.asdict(self)
-
-
-def parse_loss_scale(text):
-    """``dynamic`` -> None; a positive number -> float."""
-    if str(text).lower() == "dynamic":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(
-            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
-    return value
 
 
 def parse_device_list(text):
@@ -191,7 +177,8 @@ def build_parser():
 
     t = p.add_argument_group("recipe")
     t.add_argument("--recipe", default=None, metavar="NAME",
-                   help="defaults from a published recipe: " + ", ".join(recipes.names()))
+                   help="defaults from a published recipe, adapted to the process count (batch per device "
+                        "kept, lr linear in the batch): " + ", ".join(recipes.names()))
     t.add_argument("--label-smoothing", type=number(float, 0.0), default=0.0)
     t.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
                    help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step")
@@ -267,15 +254,18 @@ def parse_config(argv=None, env=None):
     ns = parser.parse_args(argv)
     if ns.list_models:
         return None, ns
+    notes = ()
     if ns.recipe is not None:
+        from trainer import distributed
         explicit = _explicit_dests(argv)
-        values = recipes.flag_defaults(ns.recipe)
+        given = {k: getattr(ns, k) for k in recipes.SCALED if k in explicit}
+        values, notes = recipes.flag_defaults(ns.recipe, distributed.process_count(ns, env), given)
         parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
         ns = parser.parse_args(argv)
-    return validate(ns, env), ns
+    return validate(ns, env, tuple(notes)), ns
 
 
-def validate(ns, env):
+def validate(ns, env, notes=()):
     if ns.data and ns.data_opt and os.path.abspath(ns.data) != os.path.abspath(ns.data_opt):
         raise UsageError("DIR '{}' and --data '{}' disagree: give the data set once".format(ns.data, ns.data_opt))
     data = ns.data or ns.data_opt
@@ -324,4 +314,5 @@ def validate(ns, env):
         dist_backend=ns.dist_backend, multiprocessing_distributed=ns.multiprocessing_distributed,
         device_list=ns.device_list, addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
         sync_bn=ns.sync_bn, broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout),
+        notes=notes,
     )

@@ -43,6 +43,22 @@ def _env_int(env, name):
 
 def resolve_launch(ns, env):
     """Work out this process's place in the job from flags and environment (no side effects)."""
+    out = _place(ns, env)
+    if out["world_size"] and ns.batch_size % out["world_size"]:
+        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
+            ns.batch_size, out["world_size"], out["world_size"]))
+    return out
+
+
+def process_count(ns, env):
+    """How many processes the job will have (spawn without --device-list: every visible device)."""
+    place = _place(ns, env)
+    if place["world_size"]:
+        return place["world_size"]
+    return place["nodes"] * max(1, devmod.count(devmod.resolve_kind(ns.device)))
+
+
+def _place(ns, env):
     addr = ns.addr or env.get("MASTER_ADDR") or "127.0.0.1"
     port = ns.port if ns.port is not None else (
         _env_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_PORT)
@@ -100,9 +116,6 @@ def resolve_launch(ns, env):
         out.update(launch="single", world_size=1, rank=0, local_rank=local_rank if local_rank is not None else 0)
     if out["launch"] != "single" and ns.gpu is not None:
         raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
-    if out["world_size"] and ns.batch_size % out["world_size"]:
-        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
-            ns.batch_size, out["world_size"], out["world_size"]))
     return out
 
 

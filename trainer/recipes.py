@@ -1,18 +1,26 @@
-"""Recipes as data: ``trainer/recipes.json``, read by ``main.py --recipe`` and the shell drivers.
+"""Recipes as data (``trainer/recipes.json``) and the one rule that adapts a recipe to a device count,
+used by ``main.py --recipe`` and by the ModelZoo drivers alike.
 
-    python3 -m trainer.recipes list
-    python3 -m trainer.recipes show resnet50_8p            # key=value lines
-    python3 -m trainer.recipes get resnet50_8p batch_size  # one value
+    python3 -m trainer.recipes list | show NAME | get NAME KEY
+
+The rule (``scale``), for a recipe written for ``rank_size`` devices run on N:
+  batch    the recipe's per-device batch is kept: global batch = recipe batch x N / rank_size
+  lr       linear in the global batch: recipe lr x batch / recipe batch (unchanged at the recipe's batch)
+  workers  per node, in proportion: recipe workers x N / rank_size (the same number per process)
+  warm-up  the recipe's epochs, unless a run is shorter than them: then the same fraction of the run
+Values given explicitly always win; the rule fills in only what was not given.
 """
 import json
 import os
 import sys
 
+from trainer.cli import parse_loss_scale
 from trainer.errors import UsageError
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes.json")
 # recipe keys that are not main.py flags
 META = ("rank_size", "source")
+SCALED = ("batch_size", "lr", "workers", "warmup_epochs", "epochs")
 
 
 def _table():
@@ -31,13 +39,55 @@ def get(name):
     return dict(table[name])
 
 
-def flag_defaults(name):
-    """The recipe as main.py defaults (keys are argparse destinations)."""
-    from trainer.config import parse_loss_scale
+def scale(name, ranks, given=None):
+    """(values, notes): the recipe's batch_size, lr, workers, warmup_epochs and epochs for ``ranks``
+    processes; ``given`` maps those keys to explicit values, which win."""
+    r, given = get(name), dict(given or {})
+    r_ranks = int(r.get("rank_size", 1))
+    notes = []
+    batch = given.get("batch_size")
+    if batch is None:
+        if r["batch_size"] * ranks % r_ranks:
+            raise UsageError("recipe {} has batch {} for {} device(s), which does not scale to {}: give the batch "
+                             "size".format(name, r["batch_size"], r_ranks, ranks))
+        batch = r["batch_size"] * ranks // r_ranks
+        if ranks != r_ranks:
+            notes.append("batch {}: recipe {} has {} for {} device(s); the per-device batch is kept".format(
+                batch, name, r["batch_size"], r_ranks))
+    lr = given.get("lr")
+    if lr is None:
+        lr = r["lr"] if batch == r["batch_size"] else float("{:.6g}".format(r["lr"] * batch / r["batch_size"]))
+        if batch != r["batch_size"]:
+            notes.append("lr {:g}: recipe {} has {:g} for batch {}, scaled linearly to batch {}".format(
+                lr, name, r["lr"], r["batch_size"], batch))
+    workers = given.get("workers")
+    if workers is None and "workers" in r:
+        workers = r["workers"] * ranks // r_ranks
+    epochs = given.get("epochs")
+    if epochs is None:
+        epochs = r["epochs"]
+    warmup = given.get("warmup_epochs")
+    r_warmup = r.get("warmup_epochs", 0)
+    if warmup is None:
+        warmup = r_warmup
+        if r_warmup > epochs:
+            warmup = float("{:.6g}".format(r_warmup * epochs / float(r["epochs"])))
+            notes.append("warm-up {:g} epochs: the recipe's {:g} of {} epochs, in proportion to {} epoch(s)".format(
+                warmup, r_warmup, r["epochs"], epochs))
+    values = {"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup}
+    if workers is not None:
+        values["workers"] = workers
+    return values, notes
+
+
+def flag_defaults(name, ranks, given=None):
+    """(main.py defaults from the recipe scaled to ``ranks``, notes); keys are argparse destinations."""
     values = {k: v for k, v in get(name).items() if k not in META}
+    scaled, notes = scale(name, ranks, given)
+    values.update(scaled)
     if "loss_scale" in values:
         values["loss_scale"] = parse_loss_scale(str(values["loss_scale"]))
-    return values
+    return values, notes
 
 
 def main(argv):

@@ -157,7 +157,7 @@ def build(cfg, device, dist, log, rs):
 
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(device.torch_device)
     model, step = ampmod.build_step(precision, device, model, cfg.lr, cfg.momentum, cfg.weight_decay)
-    for note in step.notes:
+    for note in cfg.notes + tuple(step.notes):
         log("note: " + note)
     start_epoch, best_acc1 = cfg.start_epoch, None
     if ckpt is not None:
@@ -185,10 +185,12 @@ def build(cfg, device, dist, log, rs):
 def build_model(cfg, num_classes, device, world):
     kwargs = {"zero_init_residual": True} if cfg.zero_init_residual else {}
     try:
-        model = models.get_model(cfg.arch, num_classes=num_classes, weights=cfg.pretrained, **kwargs)
+        model = models.get_model(cfg.arch, num_classes=num_classes, **kwargs)
     except TypeError as exc:
         raise UsageError("--arch {} does not take this option ({}); --zero-init-residual is for ResNets".format(
             cfg.arch, str(exc).splitlines()[0]))
+    if cfg.pretrained is not None:
+        checkpoint.load_weights_into(model, cfg.pretrained)
     if hasattr(model, "set_index_dtype"):
         model.set_index_dtype(device.index_dtype)
     if cfg.sync_bn and world > 1:
