@@ -16,6 +16,7 @@ import pytest
 from conftest import PY, ROOT
 from tools import acceptance
 from tools.make_dataset import generate
+from trainer.device import cpu_native_bf16
 
 SCRIPTS = ("train_full_1p.sh", "train_full_8p.sh", "train_performance_1p.sh", "train_performance_8p.sh")
 # main.py flags for 32-pixel images, after the drivers' "--"
@@ -187,7 +188,9 @@ def test_full_8p_two_ranks_tiny_imagenet_layout(tiny_small, tmp_path):
     assert s["status"] == "ok" and s["world_size"] == 2 and s["per_device_batch_size"] == 4
     assert s["data_layout"] == "tiny-imagenet" and s["val_images"] == 16
     assert s["config"]["device_list"] == [0, 1]
-    assert s["amp"]["enabled"] is True and s["amp"]["dtype"] == "bfloat16"  # O1 on CPU: bf16 autocast
+    # O1 on CPU is --amp: bfloat16 autocast where the CPU has native bfloat16, float32 (with a note) elsewhere
+    assert s["config"]["amp"] is True and s["config"]["opt_level"] == "O1"
+    assert s["amp"]["dtype"] == ("bfloat16" if cpu_native_bf16() else "float32")
     values = assert_case_log(out, "tiny_cnn_bs8_2p_acc", "tiny_cnn", 2, 8, s)
     assert_final_lines(proc.stdout, values)
 
@@ -211,7 +214,8 @@ def test_performance_1p_recipe_mapping_and_failed_baseline(imagenet_small, tmp_p
     cfg = s["config"]
     assert cfg["momentum"] == 0.0 and cfg["weight_decay"] == 3.0517578125e-05 and cfg["loss_scale"] == 64.0
     assert cfg["lr"] == pytest.approx(0.75 * 8 / 1536)  # recipe lr scaled to the batch given
-    assert s["amp"]["enabled"] is True  # the recipe's O2 -> bf16 autocast on CPU
+    assert s["config"]["amp"] is True and s["config"]["opt_level"] == "O2"  # the recipe's O2 -> --amp
+    assert s["amp"]["enabled"] is cpu_native_bf16()
     values = assert_case_log(out, "shufflenet_v2_x1_0_bs8_1p_perf", "shufflenet_v2_x1_0", 1, 8, s)
     assert_final_lines(proc.stdout, values)
     assert "acceptance: FAIL FPS {} vs baseline 1000000.00: needs >= 900000.00 (90% of the baseline)".format(
@@ -636,3 +640,33 @@ def test_acceptance_cli_errors(tmp_path, args, code, fragment):
     if code:
         assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")
         assert fragment in proc.stderr
+
+
+# ---------------------------------------------------------------- one recipe engine
+
+
+def test_driver_and_main_recipe_resolve_alike_and_train_the_same_weights(imagenet_small, tmp_path):
+    """train_full_8p.sh --rank_size=2 and main.py --recipe ..._8p on 2 spawned processes: one rule adapts the
+    recipe (here: an explicit batch of 8 scales the recipe's lr and warm-up), and the two runs are one run."""
+    common = ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-p", "2",
+              "--seed", "5", "--max-steps-per-epoch", "2", "-j", "0"]
+    drv_out, main_out = tmp_path / "driver", tmp_path / "main"
+    proc = run_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=shufflenet_v2_x1_0",
+                                           "--device=cpu", "--rank_size=2", "--batch_size=8", "--epochs=1",
+                                           "--workers=0", "--precision=fp32", "--output_dir=" + str(drv_out), "--"]
+                      + common[:-2])
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    proc = subprocess.run([PY, os.path.join(ROOT, "main.py"), imagenet_small, "--recipe", "shufflenet_v2_x1_0_8p",
+                           "--device", "cpu", "--multiprocessing-distributed", "--device-list", "0,1", "--port", "0",
+                           "-b", "8", "--epochs", "1", "--output-dir", str(main_out)] + common,
+                          env=driver_env(), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    a, b = read_json(drv_out / "summary.json"), read_json(main_out / "summary.json")
+    keys = ("arch", "batch_size", "lr", "epochs", "warmup_epochs", "lr_schedule", "weight_decay", "momentum",
+            "label_smoothing", "world_size", "recipe")
+    assert {k: a["config"][k] for k in keys} == {k: b["config"][k] for k in keys}
+    assert a["config"]["lr"] == pytest.approx(4.0 * 8 / 8192) and a["config"]["warmup_epochs"] < 1
+    import torch
+    wa = torch.load(str(drv_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    wb = torch.load(str(main_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -102,8 +102,9 @@ def parse_device_list(text):
             raise argparse.ArgumentTypeError(
                 "--device-list: range '{}' runs backwards (write {}-{})".format(part, hi, lo))
         ids.extend(range(lo, hi + 1))
-    if len(set(ids)) != len(ids):
-        raise argparse.ArgumentTypeError("--device-list: '{}' names a device twice".format(text))
+    twice = [i for n, i in enumerate(ids) if i in ids[:n]]
+    if twice:
+        raise argparse.ArgumentTypeError("--device-list '{}' names device {} twice".format(text, twice[0]))
     return tuple(ids)
 
 

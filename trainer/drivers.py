@@ -1,0 +1,571 @@
+"""The ModelZoo-style drivers behind test/train_{full,performance}_{1p,8p}.sh: their --key=value arguments,
+the recipe (trainer/recipes.py, the same rule as main.py --recipe), the output folder, one main.py process
+per device started the Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank, taskset on
+aarch64), supervision of those processes, and the ModelZoo report (tools/acceptance.py).
+
+    python3 -m trainer.drivers full|performance 1p|8p [--key=value ...] [-- main.py flags]
+
+Exit codes: 0 done, 1 the run failed, 2 bad input (one line on stderr), 3 a baseline check failed,
+4 the run diverged, 130 / 143 interrupted.
+"""
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from trainer.errors import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VALUE_KEYS = ("data_path", "arch", "batch_size", "epochs", "lr", "device", "device_id", "rank_size", "device_list",
+              "workers", "precision", "resume", "output_dir", "baseline", "acc_tolerance", "fps_ratio", "steps")
+# main.py destinations the drivers set themselves (their --key=value arguments say them instead)
+OWNED = ("arch", "batch_size", "lr", "epochs", "workers", "device", "device_index", "device_list", "output_dir",
+         "resume", "recipe", "amp", "amp_impl", "amp_dtype", "opt_level", "dummy", "data", "data_opt", "evaluate",
+         "multiprocessing_distributed", "world_size", "rank", "local_rank")
+PERF_STEPS = 1000
+STOP_GRACE = 15.0
+NPU_NETWORKS = ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0")
+
+
+def usage(mode, scale):
+    script = "train_{}_{}.sh".format(mode, scale)
+    if scale == "1p":
+        scale_args = "  --device_id=N          device index (default: $ASCEND_DEVICE_ID, else 0)"
+    else:
+        scale_args = ("  --rank_size=N          number of processes, one per device (default 8)\n"
+                      "  --device_list=IDS      devices, e.g. 0-7, 0,1,2,3 or 0-3,6 (default 0..rank_size-1)")
+    extra = "" if mode == "full" else (
+        "\n  --steps=N              training steps per epoch (default {}); epochs default to 1".format(PERF_STEPS))
+    return """usage: bash test/{script} --data_path=DIR [--key=value ...] [-- main.py flags]
+
+{what} of main.py in the Ascend ModelZoo style, {where}.
+Defaults come from the recipe <arch>_{scale} in trainer/recipes.json, adapted to the device count (per-device
+batch kept, lr linear in the batch); arguments given win.
+
+  --data_path=DIR        ImageNet-style folder (train/, val/) or tiny-imagenet-200 (required unless --dummy)
+  --dummy                synthetic data instead of --data_path
+  --arch=NAME            model (default resnet50; shufflenet_v2_x1_0 runs shufflenet_v2_x1_0_npu)
+  --batch_size=N         GLOBAL batch (default: the recipe's)
+  --epochs=N             epochs (default: the recipe's)
+  --lr=X                 peak learning rate (default: the recipe's, scaled linearly when the batch differs)
+  --device=KIND          auto | npu | cuda | cpu (default auto)
+{scale_args}
+  --workers=N            data loading workers per node (default: the recipe's)
+  --precision=P          O2 | O1 | fp32 (default: the recipe's opt level; fp32 without a recipe)
+  --resume=auto|PATH     continue a run (auto: the newest checkpoint in --output_dir)
+  --output_dir=DIR       default test/output/${{ASCEND_DEVICE_ID:-0}}; an earlier run there is moved aside{extra}
+  --baseline=FILE        check the result: 'published' (baselines/published.json) or a JSON / CSV table
+  --acc_tolerance=X      Acc@1 points allowed below the baseline (default 1.0)
+  --fps_ratio=X          fraction of the baseline FPS required (default 0.9)
+  -- ARGS                passed to main.py unchanged (e.g. -- --seed 60 --port 29688)""".format(
+        script=script, scale=scale, scale_args=scale_args, extra=extra,
+        what="Accuracy run" if mode == "full" else "Performance (FPS) run",
+        where="on one device" if scale == "1p" else "one process per device (the guides' shell loop)")
+
+
+# ---------------------------------------------------------------- arguments
+
+
+class Args:
+    def __init__(self):
+        for k in VALUE_KEYS:
+            setattr(self, k, None)
+        self.dummy = False
+        self.passthrough = []
+
+
+def parse(argv, mode, scale, script):
+    a = Args()
+    argv = list(argv)
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--":
+            a.passthrough = argv
+            break
+        if arg == "--dummy":
+            a.dummy = True
+            continue
+        if arg.startswith("--dummy="):
+            raise UsageError("--dummy takes no value")
+        key, eq, value = arg[2:].partition("=") if arg.startswith("--") else (arg, "", "")
+        if not arg.startswith("--") or key not in VALUE_KEYS:
+            raise UsageError("unknown argument '{}' for {} (see --help; main.py flags go after --)".format(
+                "--" + key if eq else arg, script))
+        if not eq or not value:
+            raise UsageError("--{0} needs a value: --{0}=...".format(key))
+        if key == "device_id" and scale != "1p":
+            raise UsageError("--device_id is for the 1p scripts; {} takes --device_list=IDS or --rank_size=N".format(
+                script))
+        if key in ("rank_size", "device_list") and scale != "8p":
+            raise UsageError("--{} is for the 8p scripts; {} runs one process (pick its device with "
+                             "--device_id=N)".format(key, script))
+        if key == "steps" and mode != "performance":
+            raise UsageError("--steps is for the performance scripts; to shorten a full run pass -- "
+                             "--max-steps-per-epoch N")
+        setattr(a, key, value)
+    return a
+
+
+def whole(name, value, minimum):
+    if value is None:
+        return None
+    if not re.fullmatch(r"[0-9]+", value):
+        raise UsageError("--{} must be a whole number, got '{}'".format(name, value))
+    if int(value) < minimum:
+        raise UsageError("--{} must be at least {}, got {}".format(name, minimum, int(value)))
+    return int(value)
+
+
+def non_negative(name, value):
+    if value is None:
+        return None
+    if not re.fullmatch(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", value):
+        raise UsageError("--{} must be a non-negative number, got '{}'".format(name, value))
+    return float(value)
+
+
+def check_passthrough(tokens, mode, script):
+    """main.py flags after --: those the driver sets are refused; returns a --port given there (or None)."""
+    from trainer.config import build_parser
+    actions = [a for a in build_parser()._actions if a.dest in OWNED]
+    longs = [(o, a) for a in actions for o in a.option_strings if o.startswith("--")]
+    shorts = {o for a in actions for o in a.option_strings if not o.startswith("--")}
+    port = None
+    for i, tok in enumerate(tokens):
+        if tok.startswith("--") and len(tok) > 2:
+            name = tok.split("=", 1)[0]
+            for option, _ in longs:
+                if option.startswith(name):
+                    raise UsageError("'{}' after --: {} sets {} itself (use its --key=value arguments, see "
+                                     "--help)".format(tok, script, option))
+            if mode == "performance" and len(name) >= 4 and "--max-steps-per-epoch".startswith(name):
+                raise UsageError("'{}' after --: the performance scripts set --max-steps-per-epoch (use "
+                                 "--steps=N)".format(tok))
+            if name == "--port":
+                port = tok.split("=", 1)[1] if "=" in tok else (tokens[i + 1] if i + 1 < len(tokens) else "")
+        elif re.match(r"-[a-zA-Z]", tok) and tok[:2] in shorts:
+            raise UsageError("'{}' after --: {} sets {} itself (use its --key=value arguments, see --help)".format(
+                tok, script, tok[:2]))
+    return port
+
+
+# ---------------------------------------------------------------- the plan of the run
+
+
+class Plan:
+    """Everything the driver decided before it starts a process."""
+
+
+def _within(path, folder):
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def resolve(a, mode, scale, script, env):
+    from trainer import recipes
+    from trainer.config import parse_device_list
+    p = Plan()
+    p.mode, p.scale, p.script, p.notes = mode, scale, script, []
+    if a.dummy and a.data_path:
+        raise UsageError("give --data_path=DIR or --dummy, not both")
+    if not a.dummy:
+        if not a.data_path:
+            raise UsageError("--data_path=DIR is required (an ImageNet-style folder or tiny-imagenet-200; or --dummy)")
+        if not os.path.isdir(a.data_path):
+            raise UsageError("--data_path '{}' is not a folder".format(a.data_path))
+    batch = whole("batch_size", a.batch_size, 1)
+    epochs = whole("epochs", a.epochs, 1)
+    workers = whole("workers", a.workers, 0)
+    steps = whole("steps", a.steps, 1)
+    device_id = whole("device_id", a.device_id, 0)
+    lr = non_negative("lr", a.lr)
+    non_negative("acc_tolerance", a.acc_tolerance)
+    non_negative("fps_ratio", a.fps_ratio)
+    if (a.acc_tolerance or a.fps_ratio) and not a.baseline:
+        raise UsageError("--acc_tolerance / --fps_ratio apply to a baseline check: add --baseline=published or "
+                         "--baseline=FILE")
+    from trainer import device as devmod
+    p.device = a.device or "auto"
+    kinds = ("auto",) + devmod.KINDS
+    if p.device not in kinds:
+        raise UsageError("--device must be {} or {}, got '{}'".format(", ".join(kinds[:-1]), kinds[-1], p.device))
+    precision = {"o1": "O1", "o2": "O2", "fp32": "fp32"}.get((a.precision or "").lower()) if a.precision else None
+    if a.precision and precision is None:
+        raise UsageError("--precision must be O2, O1 or fp32, got '{}'".format(a.precision))
+    if a.resume and a.resume != "auto" and not os.path.isfile(a.resume):
+        raise UsageError("--resume '{}' is not a file (give a checkpoint file, or auto)".format(a.resume))
+    port = check_passthrough(a.passthrough, mode, script)
+
+    # -- ranks and devices
+    if scale == "1p":
+        p.ranks, p.devices = 1, None
+        if device_id is None:
+            device_id = whole("device_id (or ASCEND_DEVICE_ID)", env.get("ASCEND_DEVICE_ID") or "0", 0)
+    else:
+        rank_size = whole("rank_size", a.rank_size, 1)
+        if a.device_list:
+            try:
+                p.devices = parse_device_list(a.device_list)
+            except Exception as exc:  # argparse.ArgumentTypeError: its message is the one line
+                raise UsageError(str(exc).replace("--device-list", "--device_list"))
+            if rank_size is not None and rank_size != len(p.devices):
+                raise UsageError("--rank_size={} but --device_list={} names {} device(s)".format(
+                    rank_size, a.device_list, len(p.devices)))
+        else:
+            p.devices = tuple(range(rank_size or 8))
+        p.ranks = len(p.devices)
+        if port is not None and not (re.fullmatch(r"[0-9]+", port) and 1 <= int(port) <= 65535):
+            raise UsageError("--port '{}' after --: the ranks need one fixed port, 1-65535".format(port))
+    p.device_id, p.port = device_id, port
+
+    # -- arch, recipe, and the values the run takes
+    arch = a.arch or "resnet50"
+    p.network = arch[:-len("_npu")] if arch.endswith("_npu") else arch
+    p.model = p.network + "_npu" if p.network in NPU_NETWORKS else arch
+    name = "{}_{}".format(p.network, scale)
+    if mode == "performance" and epochs is None:
+        epochs = 1
+    if name in recipes.names():
+        p.recipe = name
+        recipe = recipes.get(name)
+        p.model = recipe.get("arch", p.model)
+        given = {k: v for k, v in (("batch_size", batch), ("lr", lr), ("workers", workers), ("epochs", epochs))
+                 if v is not None}
+        values, notes = recipes.scale(name, p.ranks, given)
+        p.notes += notes
+        p.batch, p.lr, p.epochs = values["batch_size"], values["lr"], values["epochs"]
+        p.workers = values.get("workers")
+        p.warmup = values["warmup_epochs"] if values["warmup_epochs"] != recipe.get("warmup_epochs", 0) else None
+        p.precision = precision or recipe.get("opt_level", "O2")
+    else:
+        from trainer.config import build_parser
+        defaults = build_parser()
+        p.recipe, p.warmup = None, None
+        p.batch = batch or defaults.get_default("batch_size")
+        p.lr = lr if lr is not None else defaults.get_default("lr")
+        p.epochs = epochs or defaults.get_default("epochs")
+        p.workers = workers if workers is not None else defaults.get_default("workers")
+        p.precision = precision or "fp32"
+        p.notes.append("no recipe {} in trainer/recipes.json: main.py's defaults plus the arguments given".format(name))
+    if p.batch % p.ranks:
+        raise UsageError("--batch_size {} (global) does not divide over {} ranks: use a multiple of {}".format(
+            p.batch, p.ranks, p.ranks))
+    p.steps = (steps or PERF_STEPS) if mode == "performance" else None
+    p.case_mode = "perf" if mode == "performance" else "acc"
+
+    # -- the baseline is checked now, not after hours of training
+    p.baseline = a.baseline
+    p.acc_tolerance, p.fps_ratio = a.acc_tolerance, a.fps_ratio
+    if a.baseline:
+        _acceptance(["baseline", "--baseline", a.baseline, "--arch", p.network, "--rank-size", str(p.ranks),
+                     "--mode", p.case_mode] + _tolerances(p), usage=True)
+
+    # -- the output folder: keep (resume), move aside, or refuse
+    if a.output_dir:
+        p.output_dir = os.path.realpath(a.output_dir)
+    else:
+        p.output_dir = os.path.join(ROOT, "test", "output",
+                                    str(device_id if scale == "1p" else env.get("ASCEND_DEVICE_ID") or 0))
+    if os.path.exists(p.output_dir) and not os.path.isdir(p.output_dir):
+        raise UsageError("--output_dir '{}' is a file, not a folder".format(p.output_dir))
+    p.output_action = "new"
+    if os.path.isdir(p.output_dir) and os.listdir(p.output_dir):
+        if a.resume and (a.resume == "auto" or _within(os.path.realpath(a.resume), p.output_dir)):
+            p.output_action = "keep"
+        else:
+            for guard in ["/", env.get("HOME") or "/", ROOT, os.getcwd()] + ([a.data_path] if a.data_path else []):
+                if _within(os.path.realpath(guard), p.output_dir):
+                    raise UsageError("--output_dir '{}' holds files and contains {}: it cannot be moved aside; "
+                                     "choose an empty or new folder".format(p.output_dir, guard))
+            p.output_action = "move"
+    p.args = a
+    return p
+
+
+def _tolerances(p):
+    out = []
+    if p.acc_tolerance is not None:
+        out += ["--acc-tolerance", p.acc_tolerance]
+    if p.fps_ratio is not None:
+        out += ["--fps-ratio", p.fps_ratio]
+    return out
+
+
+def _acceptance(argv, usage=False):
+    """tools/acceptance.py in this process; its errors become ours (exit 2, or its own code)."""
+    sys.path.insert(0, ROOT)
+    from tools import acceptance
+    try:
+        return acceptance.main(argv)
+    except acceptance.AcceptanceError as exc:
+        if usage:
+            raise UsageError(str(exc).splitlines()[0])
+        sys.stderr.write("error: {}\n".format(str(exc).splitlines()[0]))
+        return exc.exit_code
+
+
+def precision_flags(p):
+    """main.py flags for O1 / O2 / fp32: apex at that level where the device has it, else native autocast."""
+    from trainer import device as devmod
+    if p.precision == "fp32":
+        return []
+    if p.device != "auto" and not devmod.supports_apex(p.device):
+        return ["--amp", "--opt-level", p.precision]  # main.py's --amp decides the dtype there
+    kind = devmod.resolve_kind(p.device)
+    if devmod.supports_apex(kind) and devmod.apex_amp() is not None:
+        return ["--amp", "--amp-impl", "apex", "--opt-level", p.precision]
+    if devmod.supports_apex(kind):
+        p.notes.append("precision {}: apex is not installed, so mixed precision is native autocast with a loss "
+                       "scaler".format(p.precision))
+    return ["--amp", "--opt-level", p.precision]
+
+
+def command(p):
+    cmd = [sys.executable, "-u", os.path.join(ROOT, "main.py")]
+    cmd += ["--dummy"] if p.args.dummy else [p.args.data_path]
+    cmd += ["-a", p.model, "-b", str(p.batch), "--lr", "{:g}".format(p.lr), "--epochs", str(p.epochs)]
+    if p.workers is not None:
+        cmd += ["-j", str(p.workers)]
+    cmd += ["--device", p.device, "--output-dir", p.output_dir]
+    if p.recipe:
+        cmd += ["--recipe", p.recipe]
+    if p.warmup is not None:
+        cmd += ["--warmup-epochs", "{:g}".format(p.warmup)]
+    if p.steps:
+        cmd += ["--max-steps-per-epoch", str(p.steps), "--no-validate"]
+    if p.args.resume:
+        cmd += ["--resume", p.args.resume]
+    cmd += precision_flags(p)
+    from trainer.device import has_device_ids
+    if p.scale == "1p":
+        if has_device_ids(p.device):
+            cmd += ["--gpu", str(p.device_id)]
+    else:
+        cmd += ["--device-list", ",".join(str(d) for d in p.devices)]
+    return cmd + list(p.args.passthrough)
+
+
+# ---------------------------------------------------------------- launch and supervise
+
+
+class Interrupted(Exception):
+    def __init__(self, signum):
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signum)
+
+
+def rank_env(p, r, port, env):
+    e = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                                     "ROLE_RANK")}  # torchrun's would take precedence
+    e["PYTHONUNBUFFERED"] = "1"
+    if p.scale == "1p":
+        for k in ("RANK_ID", "RANK_SIZE", "LOCAL_RANK"):
+            e.pop(k, None)
+        e["ASCEND_DEVICE_ID"] = str(p.device_id)
+    else:  # the guides' shell loop, one process per device
+        e.update(RANK_ID=str(r), LOCAL_RANK=str(r), RANK_SIZE=str(p.ranks), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port))
+    return e
+
+
+def core_binding(p):
+    """taskset -c ranges per rank on aarch64 hosts (the 8-card scripts' binding), else Nones."""
+    if p.scale != "8p" or platform.machine() != "aarch64" or not shutil.which("taskset"):
+        return [None] * p.ranks
+    per = (os.cpu_count() or 0) // p.ranks
+    if per < 1:
+        return [None] * p.ranks
+    return ["{}-{}".format(r * per, r * per + per - 1) for r in range(p.ranks)]
+
+
+def _child_setup():
+    os.setsid()  # each rank in its own process group: stopped as a whole, data loader workers included
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a rank must see Ctrl-C even if we started with it ignored
+
+
+class Ranks:
+    """The rank processes of one run: start, wait, stop (the supervisor of the drivers' launch)."""
+
+    def __init__(self, p, cmd, env):
+        self.p, self.cmd, self.env = p, cmd, env
+        self.procs, self.logs = [], []
+
+    def start(self):
+        from trainer.distributed import free_port
+        p = self.p
+        port = int(p.port) if p.port else (free_port() if p.scale == "8p" else None)
+        cores = core_binding(p)
+        for r in range(p.ranks):
+            log = os.path.join(p.output_dir, "train_{}.log".format(r))
+            prefix = ["taskset", "-c", cores[r]] if cores[r] else []
+            with open(log, "ab" if p.output_action == "keep" else "wb") as f:
+                proc = subprocess.Popen(prefix + self.cmd, stdout=f, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=rank_env(p, r, port, self.env),
+                                        preexec_fn=_child_setup)
+            self.procs.append(proc)
+            self.logs.append(log)
+            if p.scale == "1p":
+                print("started: pid {}, log {}".format(proc.pid, log), flush=True)
+            else:
+                print("rank {}: pid {}, device {}, log {}{}".format(r, proc.pid, p.devices[r], log,
+                                                                   ", cores " + cores[r] if cores[r] else ""),
+                      flush=True)
+
+    def failed(self):
+        """The rank to blame once one failed (a killed rank rather than its peers), else None."""
+        bad = [r for r, proc in enumerate(self.procs) if proc.poll() not in (None, 0)]
+        if not bad:
+            return None
+        killed = [r for r in bad if self.procs[r].returncode < 0]
+        return (killed or bad)[0]
+
+    def running(self):
+        return any(proc.poll() is None for proc in self.procs)
+
+    def signal_all(self, sig):
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self, sig=signal.SIGTERM):
+        """``sig`` to every rank, SIGKILL after the grace period (and to whatever is left in their groups)."""
+        self.signal_all(sig)
+        deadline = time.time() + STOP_GRACE
+        while self.running() and time.time() < deadline:
+            time.sleep(0.2)
+        self.signal_all(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+
+
+def last_line(path):
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.rstrip("\n") for ln in f if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def supervise(ranks):
+    """Wait for every rank; on the first failure stop the others. Returns the exit code."""
+    p = ranks.p
+    while ranks.running():
+        if ranks.failed() is not None:
+            break
+        time.sleep(0.2)
+    r = ranks.failed()
+    if r is None:
+        return 0
+    if ranks.running():
+        ranks.stop()
+    rc = ranks.procs[r].returncode
+    why = "was killed by signal {}".format(-rc) if rc < 0 else "failed with exit code {}".format(rc)
+    last = last_line(ranks.logs[r])
+    last = " (last log line: {})".format(last) if last else ""
+    if p.scale == "1p":
+        sys.stderr.write("error: the run (pid {}) {}{}; log: {}\n".format(ranks.procs[r].pid, why, last, ranks.logs[r]))
+    else:
+        sys.stderr.write("error: rank {} (pid {}) {}{}; the other ranks were stopped; log: {}\n".format(
+            r, ranks.procs[r].pid, why, last, ranks.logs[r]))
+    from trainer.guard import EXIT_DIVERGED
+    return rc if rc in (2, EXIT_DIVERGED) else 1
+
+
+def prepare_output(p):
+    if p.output_action == "move":
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest, n = p.output_dir + ".prev-" + stamp, 1
+        while os.path.exists(dest):
+            dest, n = "{}.prev-{}-{}".format(p.output_dir, stamp, n), n + 1
+        try:
+            os.rename(p.output_dir, dest)
+        except OSError:
+            raise UsageError("cannot move '{}' aside to '{}'".format(p.output_dir, dest))
+        print("output: the earlier contents of {} were moved to {}".format(p.output_dir, dest))
+    elif p.output_action == "keep":
+        print("output: continuing the run in {} (--resume={})".format(p.output_dir, p.args.resume))
+    try:
+        os.makedirs(p.output_dir, exist_ok=True)
+    except OSError:
+        raise UsageError("cannot create --output_dir '{}'".format(p.output_dir))
+
+
+def run(mode, scale, argv, env=None):
+    env = dict(os.environ if env is None else env)
+    script = "train_{}_{}.sh".format(mode, scale)
+    if any(a in ("-h", "--help") for a in argv[:argv.index("--") if "--" in argv else len(argv)]):
+        print(usage(mode, scale))
+        return 0
+    p = resolve(parse(argv, mode, scale, script), mode, scale, script, env)
+    cmd = command(p)
+    prepare_output(p)
+    for note in p.notes:
+        print("note: " + note)
+    from trainer.device import has_device_ids
+    where = ("1 process on {}{}".format(p.device, " device {}".format(p.device_id) if has_device_ids(p.device) else "")
+             if scale == "1p" else "{} processes on {} devices {}".format(p.ranks, p.device,
+                                                                          ",".join(str(d) for d in p.devices)))
+    print("{}: {}{} | {} | global batch {} | lr {:g} | {} epoch(s){} | precision {} | output {}".format(
+        script, p.model, " (recipe {})".format(p.recipe) if p.recipe else "", where, p.batch, p.lr, p.epochs,
+        " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
+    print("command: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    t0 = time.time()
+    ranks = Ranks(p, cmd, env)
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ranks.start()
+        code = supervise(ranks)
+    except Interrupted as exc:
+        for s, h in old.items():
+            signal.signal(s, h)
+        name = "INT" if exc.signum == signal.SIGINT else "TERM"
+        if ranks.running():
+            sys.stderr.write("interrupted (SIG{}): stopping all ranks\n".format(name))
+            ranks.stop(signal.SIGINT if exc.signum == signal.SIGINT else signal.SIGTERM)
+            sys.stderr.write("interrupted: all ranks stopped; logs in {}\n".format(p.output_dir))
+        return 130 if exc.signum == signal.SIGINT else 143
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if ranks.running():
+            ranks.stop()
+    if code:
+        return code
+    print("finished in {} s".format(int(time.time() - t0)) if scale == "1p" else
+          "all {} ranks finished in {} s".format(p.ranks, int(time.time() - t0)), flush=True)
+    report = ["report", "--summary", os.path.join(p.output_dir, "summary.json"), "--network", p.network,
+              "--rank-size", str(p.ranks), "--batch-size", str(p.batch), "--mode", p.case_mode,
+              "--out-dir", p.output_dir]
+    if p.baseline:
+        report += ["--baseline", p.baseline, "--arch", p.network] + _tolerances(p)
+    return _acceptance(report)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) < 2 or argv[0] not in ("full", "performance") or argv[1] not in ("1p", "8p"):
+        sys.stderr.write("error: usage: python3 -m trainer.drivers full|performance 1p|8p [--key=value ...]\n")
+        return 2
+    try:
+        return run(argv[0], argv[1], argv[2:])
+    except UsageError as exc:
+        sys.stderr.write("error: {}\n".format(str(exc).splitlines()[0]))
+        return 2
+    except ImportError as exc:
+        sys.stderr.write("error: {} cannot import what main.py needs ({}): install it (make install) and set "
+                         "PYTHON=/path/to/that/python3\n".format(sys.executable, exc))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
