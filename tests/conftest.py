@@ -45,11 +45,39 @@ def read_summary(out_dir, name="summary.json"):
         return json.load(f)
 
 
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    err = proc.stderr.strip()
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("error: "), err
+def assert_one_line(rc, err, *fragments, out=""):
+    """The user-error contract: exit code 2, one line on stderr starting with 'error: ', no traceback,
+    each fragment in that line. Returns the line."""
+    assert rc == 2, (rc, out[-2000:], err[-2000:])
+    assert "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
     for frag in fragments:
-        assert frag in err, (frag, err)
+        assert frag in lines[0], (frag, lines[0])
+    return lines[0]
+
+
+def assert_one_line_error(proc, *fragments):
+    """The user-error contract for a finished child process."""
+    return assert_one_line(proc.returncode, proc.stderr, *fragments, out=proc.stdout)
+
+
+def call(main_fn, argv, capsys):
+    """``main_fn(argv)`` in this process: (exit code, stdout, stderr)."""
+    rc = main_fn([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def assert_call_error(main_fn, argv, capsys, *fragments):
+    """The user-error contract for an entry point called in this process."""
+    rc, out, err = call(main_fn, argv, capsys)
+    return assert_one_line(rc, err, *fragments, out=out)
+
+
+def run_tool(name, args, env=None, timeout=300):
+    """tools/<name> in a fresh process (CompletedProcess, text)."""
+    e = dict(os.environ, OMP_NUM_THREADS="2")
+    e.update(env or {})
+    return subprocess.run([PY, os.path.join(ROOT, "tools", name)] + list(args), cwd=ROOT, env=e,
+                          capture_output=True, text=True, timeout=timeout)

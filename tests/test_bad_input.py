@@ -5,23 +5,11 @@ import pytest
 import torch
 
 import main as entry
-from conftest import SMALL, assert_one_line_error, run_main
-
-
-def call(argv, capsys):
-    rc = entry.main(argv)
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
+from conftest import SMALL, assert_call_error, assert_one_line_error, run_main
 
 
 def check(argv, capsys, *fragments):
-    rc, out, err = call(argv, capsys)
-    assert rc == 2, (rc, out[-1000:], err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for frag in fragments:
-        assert frag in lines[0], (frag, lines[0])
-    return lines[0]
+    return assert_call_error(entry.main, argv, capsys, *fragments)
 
 
 @pytest.fixture

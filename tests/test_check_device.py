@@ -3,8 +3,7 @@ import json
 
 import pytest
 
-from conftest import assert_one_line_error
-from test_tools import run_tool
+from conftest import assert_one_line_error, run_tool
 from tools import check_device
 
 pytestmark = pytest.mark.timeout(400)

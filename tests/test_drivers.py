@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import PY, ROOT
+from conftest import PY, ROOT, assert_one_line_error
 from tools import acceptance
 from tools.make_dataset import generate
 from trainer.device import cpu_native_bf16
@@ -86,16 +86,6 @@ def assert_final_lines(stdout, values):
     assert "Final Performance images/sec : {}\n".format(values["ActualFPS"]) in stdout
     assert "Final Train Accuracy : {}\n".format(values["TrainAccuracy"]) in stdout
     assert "E2E Training Duration sec : {}\n".format(values["E2ETrainingTime"]) in stdout
-
-
-def assert_usage_error(proc, *fragments):
-    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
-    err = proc.stderr.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("error: "), err
-    assert "Traceback" not in proc.stderr
-    for frag in fragments:
-        assert frag in err, (frag, err)
 
 
 def pids_of(stdout_lines):
@@ -251,7 +241,7 @@ def test_rank_usage_error_exits_2_with_its_message(imagenet_small, tmp_path):
     out = tmp_path / "usage"
     proc = run_driver("train_full_1p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
                                            "--output_dir=" + str(out), "--", "--no-such-flag"])
-    assert_usage_error(proc, "error: the run (pid ", "failed with exit code 2",
+    assert_one_line_error(proc, "error: the run (pid ", "failed with exit code 2",
                        "unrecognized arguments: --no-such-flag", "log: {}".format(out / "train_0.log"))
 
 
@@ -375,13 +365,13 @@ def test_bad_arguments_exit_2_with_one_line(script, args, fragment, data_dir, tm
     else:
         args = args + ["--output_dir=" + str(out)]
     proc = run_driver(script, args, timeout=120)
-    assert_usage_error(proc, fragment)
+    assert_one_line_error(proc, fragment)
     assert not out.exists()
 
 
 def test_output_dir_that_holds_the_project_is_refused_and_kept(data_dir):
     proc = run_driver("train_full_1p.sh", ["--data_path=" + data_dir, "--output_dir=" + ROOT], timeout=120)
-    assert_usage_error(proc, "cannot be moved aside")
+    assert_one_line_error(proc, "cannot be moved aside")
     assert os.path.isfile(os.path.join(ROOT, "main.py")) and not glob.glob(ROOT + ".prev-*")
     assert not os.path.exists(os.path.join(ROOT, "train_0.log"))
 
@@ -393,7 +383,7 @@ def test_missing_device_is_refused_before_anything_starts(data_dir, tmp_path):
     out = tmp_path / "out"
     proc = run_driver("train_full_1p.sh", ["--data_path=" + data_dir, "--device=npu", "--output_dir=" + str(out)],
                       timeout=120)
-    assert_usage_error(proc, "torch_npu is not installed")
+    assert_one_line_error(proc, "torch_npu is not installed")
     assert not out.exists()
 
 
@@ -401,7 +391,7 @@ def test_output_dir_that_is_a_file_is_refused(data_dir, tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     proc = run_driver("train_full_1p.sh", ["--data_path=" + data_dir, "--output_dir=" + str(f)], timeout=120)
-    assert_usage_error(proc, "is a file, not a folder")
+    assert_one_line_error(proc, "is a file, not a folder")
     assert f.read_text() == "x"
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import models
-from conftest import PY, ROOT, SMALL, assert_one_line_error, read_summary, run_main
+from conftest import (PY, ROOT, SMALL, assert_call_error, assert_one_line_error, call, read_summary, run_main,
+                      run_tool)
 from tools import compare_precision, export_onnx, op_report
 from trainer import checkpoint
 from trainer.device import Device
@@ -17,26 +18,8 @@ from trainer.profiling import StepProfiler
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 
 
-def run_tool(name, args, env=None):
-    e = dict(os.environ, OMP_NUM_THREADS="2")
-    e.update(env or {})
-    return subprocess.run([PY, os.path.join(ROOT, "tools", name)] + list(args), cwd=ROOT, env=e,
-                          capture_output=True, text=True, timeout=300)
-
-
-def call(mod, argv, capsys):
-    rc = mod.main([str(a) for a in argv])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
-
-
 def check_usage_error(mod, argv, capsys, *fragments):
-    rc, out, err = call(mod, argv, capsys)
-    assert rc == 2, (rc, out[-2000:], err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for frag in fragments:
-        assert frag in lines[0], (frag, lines[0])
+    return assert_call_error(mod.main, argv, capsys, *fragments)
 
 
 def diffs_of(out):
@@ -79,7 +62,7 @@ def test_export_resnet_checkpoint_written_by_main(resnet_run, tmp_path, capsys):
     out_dir, _ = resnet_run
     onnx_path = tmp_path / "resnet18.onnx"
     # arch and num_classes come from the checkpoint
-    rc, out, err = call(export_onnx, [out_dir / "checkpoint.pth.tar", "--image-size", "32", "--output", onnx_path],
+    rc, out, err = call(export_onnx.main, [out_dir / "checkpoint.pth.tar", "--image-size", "32", "--output", onnx_path],
                         capsys)
     assert rc == 0, (out, err)
     assert "exported resnet18 (10 classes" in out
@@ -94,7 +77,7 @@ def test_export_resnet_checkpoint_written_by_main(resnet_run, tmp_path, capsys):
 
 def test_export_npu_shufflenet_checkpoint(shufflenet_run, tmp_path, capsys):
     onnx_path = tmp_path / "shufflenet.onnx"
-    rc, out, err = call(export_onnx, [shufflenet_run / "model_best.pth.tar", "--image-size", "32",
+    rc, out, err = call(export_onnx.main, [shufflenet_run / "model_best.pth.tar", "--image-size", "32",
                                       "--output", onnx_path], capsys)
     assert rc == 0, (out, err)
     assert "exported shufflenet_v2_x0_5_npu" in out
@@ -115,7 +98,7 @@ def test_export_plain_state_dict_with_module_prefix(resnet_run, tmp_path, capsys
         assert torch.equal(v, sd[k]), k
     # a plain state dict names no architecture
     check_usage_error(export_onnx, [path, "--output", tmp_path / "x.onnx"], capsys, "pass --arch")
-    rc, out, err = call(export_onnx, [path, "--arch", "resnet18", "--image-size", "32", "--opset", "13",
+    rc, out, err = call(export_onnx.main, [path, "--arch", "resnet18", "--image-size", "32", "--opset", "13",
                                       "--output", tmp_path / "r.onnx"], capsys)
     assert rc == 0, (out, err)
     diffs = diffs_of(out)
@@ -136,14 +119,14 @@ def test_export_never_overwrites_without_force(tiny_weights, tmp_path, capsys):
     check_usage_error(export_onnx, [tiny_weights, "--arch", "tiny_cnn", "--image-size", "32", "--output", target],
                       capsys, "already exists", "--force")
     assert target.read_bytes() == b"precious"
-    rc, out, err = call(export_onnx, [tiny_weights, "--arch", "tiny_cnn", "--image-size", "32", "--output", target,
+    rc, out, err = call(export_onnx.main, [tiny_weights, "--arch", "tiny_cnn", "--image-size", "32", "--output", target,
                                       "--force"], capsys)
     assert rc == 0, err
     assert target.read_bytes()[:8] != b"precious" and "verified" in out
 
 
 def test_export_over_tolerance_exits_nonzero_and_says_which(tiny_weights, tmp_path, capsys):
-    rc, out, err = call(export_onnx, [tiny_weights, "--arch", "tiny_cnn", "--image-size", "32",
+    rc, out, err = call(export_onnx.main, [tiny_weights, "--arch", "tiny_cnn", "--image-size", "32",
                                       "--output", tmp_path / "t.onnx", "--rtol", "0", "--atol", "1e-30"], capsys)
     assert rc == 1, (out, err)
     assert "OVER tolerance" in out
@@ -155,7 +138,7 @@ def test_export_check_is_relative_to_magnitude_and_catches_a_corrupted_file(shuf
     from onnx import numpy_helper
 
     path = tmp_path / "s.onnx"
-    rc, out, err = call(export_onnx, [shufflenet_run / "checkpoint.pth.tar", "--image-size", "32",
+    rc, out, err = call(export_onnx.main, [shufflenet_run / "checkpoint.pth.tar", "--image-size", "32",
                                       "--output", path], capsys)
     assert rc == 0, (out, err)
     model, _, _ = export_onnx.load_model(str(shufflenet_run / "checkpoint.pth.tar"), None, None, lambda m: None)
@@ -205,7 +188,7 @@ def test_op_report_fixed_shapes_has_no_dynamic_ops_and_lists_unsupported(tmp_pat
     supported = tmp_path / "supported.txt"
     supported.write_text("# vendor list\naten::conv2d\nconvolution\nbatch_norm\naten::relu\nlinear\n\n")
     out_dir = tmp_path / "report"
-    rc, out, err = call(op_report, ["--arch", "resnet18", "--steps", "2", "--batch-size", "4", "--image-size", "32",
+    rc, out, err = call(op_report.main, ["--arch", "resnet18", "--steps", "2", "--batch-size", "4", "--image-size", "32",
                                     "--supported-ops", supported, "--output-dir", out_dir], capsys)
     assert rc == 0, (out, err)
     report = json.loads((out_dir / "op_report.json").read_text())
@@ -303,7 +286,7 @@ def test_op_report_keeps_an_earlier_report(tmp_path, capsys):
 
 def test_compare_fp32_with_itself_is_exact(tmp_path, capsys):
     out = tmp_path / "same.json"
-    rc, text, err = call(compare_precision, ["--arch", "resnet18", "--target", "cpu", "--image-size", "32",
+    rc, text, err = call(compare_precision.main, ["--arch", "resnet18", "--target", "cpu", "--image-size", "32",
                                              "--steps", "2", "--output", out], capsys)
     assert rc == 0, (text, err)
     res = json.loads(out.read_text())
@@ -319,7 +302,7 @@ def test_compare_fp32_with_itself_is_exact(tmp_path, capsys):
 
 def test_compare_bf16_autocast_finds_and_locates_the_drift(tmp_path, capsys):
     out = tmp_path / "bf16.json"
-    rc, text, err = call(compare_precision, ["--arch", "resnet18", "--target", "cpu", "--target-amp",
+    rc, text, err = call(compare_precision.main, ["--arch", "resnet18", "--target", "cpu", "--target-amp",
                                              "--image-size", "32", "--output", out], capsys)
     assert rc == 1, (text, err)
     res = json.loads(out.read_text())

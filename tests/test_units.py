@@ -1,0 +1,152 @@
+"""The pure functions, in this process: LR schedule, launch resolution, the recipe rule, accuracy counts and
+device-resident sums."""
+import argparse
+
+import pytest
+import torch
+
+from trainer import metrics, recipes
+from trainer.config import build_parser
+from trainer.device import Device
+from trainer.distributed import resolve_launch
+from trainer.errors import UsageError
+from trainer.schedule import Schedule
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def test_step_schedule_is_examples_rule():
+    s = Schedule(0.1, "step", 90, 0, 100)
+    assert s(0, 0) == 0.1 and s(29, 99) == 0.1
+    assert s(30, 0) == pytest.approx(0.01) and s(60, 5) == pytest.approx(0.001)
+
+
+def test_warmup_ramps_per_step_then_cosine_reaches_zero():
+    s = Schedule(1.0, "cosine", 10, 2, 50)  # 100 warm-up steps
+    assert s(0, 0) == pytest.approx(1 / 100) and s(1, 49) == pytest.approx(1.0)
+    assert s(2, 0) == pytest.approx(1.0)  # the peak right after warm-up
+    lrs = [s(e, i) for e in range(2, 10) for i in range(50)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))  # non-increasing
+    assert lrs[-1] == pytest.approx(0.0, abs=1e-3) and s(6, 0) == pytest.approx(0.5, abs=0.01)  # midway
+
+
+def test_fractional_warmup_and_resume_position():
+    s = Schedule(0.4, "cosine", 3, 0.5, 10)
+    assert s(0, 4) == pytest.approx(0.4)  # 5 warm-up steps: step index 4 is the last
+    assert Schedule(0.4, "cosine", 3, 0.5, 10)(1, 3) == s(1, 3)  # a pure function of the position
+
+
+# ---------------------------------------------------------------- launch resolution
+
+
+def ns(*argv):
+    return build_parser().parse_args(["--dummy"] + list(argv))
+
+
+@pytest.mark.parametrize("argv,env,expected", [
+    ([], {}, {"launch": "single", "world_size": 1, "rank": 0}),
+    (["--multiprocessing-distributed", "--device-list", "0-3"], {},
+     {"launch": "spawn", "world_size": 4, "rank": 0, "procs_per_node": 4}),
+    (["--multiprocessing-distributed", "--device-list", "0,1", "--world-size", "2", "--rank", "1"], {},
+     {"launch": "spawn", "world_size": 4, "rank": 2, "nodes": 2, "node_rank": 1}),
+    ([], {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+     {"launch": "process", "world_size": 4, "rank": 3, "local_rank": 1, "nodes": 2, "node_rank": 1}),
+    ([], {"RANK_ID": "2", "RANK_SIZE": "8"},  # the guides' shell loop
+     {"launch": "process", "world_size": 8, "rank": 2, "local_rank": 2}),
+    (["--world-size", "2", "--rank", "1"], {}, {"launch": "process", "world_size": 2, "rank": 1}),
+    ([], {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}, {"addr": "10.0.0.1", "port": 1234}),
+])
+def test_resolve_launch(argv, env, expected):
+    got = resolve_launch(ns(*argv), env)
+    assert {k: got[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("argv,env,fragment", [
+    (["-b", "10", "--multiprocessing-distributed", "--device-list", "0-3"], {}, "does not divide over 4"),
+    (["--multiprocessing-distributed"], {"RANK": "0", "WORLD_SIZE": "2"}, "under torchrun"),
+    ([], {"RANK_ID": "8", "RANK_SIZE": "8"}, "outside a world of 8"),
+    ([], {"RANK": "x", "WORLD_SIZE": "2"}, "is not a whole number"),
+    (["--world-size", "2", "--rank", "1", "--gpu", "0"], {}, "--gpu picks the device"),
+])
+def test_resolve_launch_rejects(argv, env, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        resolve_launch(ns(*argv), env)
+
+
+# ---------------------------------------------------------------- recipe rule
+
+
+def test_recipe_at_its_own_size_is_unchanged():
+    values, notes = recipes.scale("resnet50_8p", 8)
+    assert values == {"batch_size": 4096, "lr": 1.6, "epochs": 90, "warmup_epochs": 8, "workers": 256}
+    assert notes == []
+
+
+def test_recipe_on_fewer_devices_keeps_the_per_device_batch():
+    values, notes = recipes.scale("resnet50_8p", 2)
+    assert values["batch_size"] == 1024 and values["lr"] == pytest.approx(0.4) and values["workers"] == 64
+    assert values["warmup_epochs"] == 8 and len(notes) == 2
+
+
+def test_recipe_given_values_win_and_scale_the_rest():
+    values, _ = recipes.scale("shufflenet_v2_x1_0_1p", 1, {"batch_size": 8, "epochs": 1})
+    assert values["batch_size"] == 8 and values["lr"] == pytest.approx(0.75 * 8 / 1536)
+    assert values["warmup_epochs"] == 1  # a run as long as the warm-up keeps it
+    values, _ = recipes.scale("resnet50_1p", 1, {"epochs": 3})
+    assert values["warmup_epochs"] == pytest.approx(8 * 3 / 90, rel=1e-5)  # shorter: the same fraction
+    values, _ = recipes.scale("resnet50_8p", 2, {"lr": 0.3, "workers": 3, "warmup_epochs": 0})
+    assert (values["lr"], values["workers"], values["warmup_epochs"]) == (0.3, 3, 0)
+
+
+def test_recipe_that_does_not_scale_says_so(monkeypatch):
+    monkeypatch.setattr(recipes, "_table", lambda: {"odd_8p": {"rank_size": 8, "batch_size": 100, "lr": 0.1,
+                                                               "epochs": 1}})
+    with pytest.raises(UsageError, match="does not scale to 3"):
+        recipes.scale("odd_8p", 3)  # 100 x 3 / 8 is not whole
+
+
+def test_main_recipe_uses_the_rule():
+    from trainer.config import parse_config
+    cfg, _ = parse_config(["--dummy", "--recipe", "resnet50_8p", "--device", "cpu", "--multiprocessing-distributed",
+                           "--device-list", "0,1"], env={})
+    assert (cfg.batch_size, cfg.lr, cfg.workers) == (1024, pytest.approx(0.4), 64)
+    assert any("per-device batch is kept" in n for n in cfg.notes)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_correct_counts_top1_top5_and_mask():
+    out = torch.tensor([[0.1, 0.9, 0.0, 0.0, 0.0, 0.0],   # top1 = 1
+                        [0.5, 0.1, 0.2, 0.3, 0.4, 0.0],   # top1 = 0, class 5 last
+                        [0.0, 0.0, 0.0, 0.0, 0.2, 0.9]])  # top1 = 5
+    target = torch.tensor([1, 5, 4])
+    c1, c5 = metrics.correct_counts(out, target)
+    assert (int(c1), int(c5)) == (1, 2)
+    c1, c5 = metrics.correct_counts(out, target, mask=torch.tensor([False, True, True]))
+    assert (int(c1), int(c5)) == (0, 1)
+    three = torch.tensor([[0.1, 0.9, 0.0], [0.5, 0.1, 0.2], [0.2, 0.3, 0.1]])
+    c1, c5 = metrics.correct_counts(three, torch.tensor([1, 2, 0]))  # fewer than 5 classes: top-3
+    assert (int(c1), int(c5)) == (1, 3)
+
+
+def test_sums_interval_and_running():
+    s = metrics.Sums(Device("cpu", None))
+    s.add(torch.tensor(4.0), torch.tensor(1), torch.tensor(2), 2)
+    interval, running = s.read()
+    assert interval == running == {"loss": 2.0, "acc1": 50.0, "acc5": 100.0, "count": 2}
+    s.add(torch.tensor(2.0), torch.tensor(2), torch.tensor(2), torch.tensor(2.0))
+    interval, running = s.read(lambda t: t * 2)  # a "reduction" over two identical ranks
+    assert running["count"] == 8 and running["loss"] == pytest.approx(1.5) and running["acc1"] == 75.0
+    assert interval["count"] == 6  # since the last read
+
+
+def test_parse_device_list_messages():
+    from trainer.config import parse_device_list
+    assert parse_device_list("0-3,6") == (0, 1, 2, 3, 6)
+    for text, fragment in (("0,0", "names device 0 twice"), ("3-1", "runs backwards"), ("a", "not a device id")):
+        with pytest.raises(argparse.ArgumentTypeError, match=fragment):
+            parse_device_list(text)
