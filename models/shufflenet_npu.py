@@ -1,65 +1,6 @@
-"""ShuffleNetV2 with an NPU-friendly channel shuffle (Ascend porting guide, "ShuffleNet" case).
-
-Architecture, module names and parameter names are exactly torchvision's ``ShuffleNetV2``
-(``conv1``, ``maxpool``, ``stage2``-``stage4``, ``conv5``, ``fc``; every ``InvertedResidual`` has
-``branch1`` / ``branch2`` Sequentials with the same indices), so a torchvision state dict loads with
-``strict=True`` and the state dict this model writes loads into torchvision's.
-
-The channel shuffle (groups=2)
-------------------------------
-torchvision computes ``view(N, 2, C/2, H, W) -> transpose(1, 2) -> contiguous -> view(N, C, H, W)``,
-which maps output channel ``j`` to input channel ``(j % 2) * (C/2) + j // 2``. On Ascend, the
-transpose (and the ``chunk`` that splits the next block's input) produce non-contiguous tensors whose
-copies dominate step time. Following the guide, this module can express the same permutation as
-
-* ``index_select`` on dim 1 with a precomputed index (``shuffle_index``); forward and inverse indices
-  live in NON-persistent buffers, so they follow ``.to(device)`` but never appear in ``state_dict()``
-  (integer buffers are also left alone by ``.half()`` / ``.double()``);
-* in training, ``cat`` + shuffle fused into one autograd Function (``_ConcatShuffle``) whose backward is
-  two ``index_select`` calls on the incoming gradient with the inverse permutation;
-* for every block that is followed by a stride-1 block, ``cat`` + shuffle + the next block's split
-  fused into one Function (``_ConcatShuffleSplit``) that returns the two halves as separate contiguous
-  tensors; stride-1 blocks take ``(x1, x2)`` directly instead of chunking. The last block of a stage
-  returns one tensor.
-
-Forms (``model.shuffle_impl``, or ``model.set_shuffle_impl(...)``)
-------------------------------------------------------------------
-``"index_select"``: the form above. ``"view"``: ``torch.stack((x1, x2), 2).flatten(1, 2)``, which is
-the same permutation in a single copy (cheaper than torchvision's ``cat`` + ``transpose().contiguous()``)
-and is what CPU and CUDA run best. ``"auto"`` (the default) picks ``"index_select"`` for tensors on an
-``npu`` device and ``"view"`` everywhere else, decided per call from the input's device. Every form
-computes bit-for-bit the same permutation as torchvision (tests/test_shufflenet_npu.py checks this
-against torchvision in float64, outputs, gradients and BatchNorm running statistics).
-
-Which path runs (the rule)
---------------------------
-The fused custom-Function path runs iff the resolved form is ``"index_select"`` AND ``self.training``
-AND ``torch.is_grad_enabled()`` AND the model is not being scripted, traced (``torch.jit.trace``,
-``torch.onnx.export``) or compiled by ``torch.compile``. In every other case (eval, ``no_grad``,
-export, TorchScript, ``torch.compile``, and the ``"view"`` form in training) each block maps a
-tensor to a tensor with plain ops: ``chunk`` (a slicing view, as in torchvision) for the split and
-``torch.cat`` + ``index_select`` (or the ``"view"`` form) for the shuffle, so ONNX export (opset 11),
-``torch.jit.script`` / ``trace`` and ``torch.compile`` work.
-
-Index dtype
------------
-Indices are int64 by default; the guide uses int32 on NPU: call ``model.set_index_dtype(torch.int32)``
-(the device layer does this for NPU). ``index_select`` accepts int32 and int64 indices on CPU/CUDA too.
-
-Why not ``torch_npu.contrib.module.ChannelShuffle``
----------------------------------------------------
-Newer torch_npu ships ``ChannelShuffle(in_channels, groups=2, split_shuffle=True)`` (read from the
-torch-npu 2.14.0 wheel, ``torch_npu/contrib/module/channel_shuffle.py``): the guide's code packaged
-as a module, with the same ``cat`` + ``index_select`` forward and ``index_select`` backward. It is not
-used here, even when importable, because (1) its ``IndexSelectFullImplementation`` calls
-``torch.npu.current_stream().synchronize()`` in forward and backward ("for training stream stable"),
-a host sync per block per step; (2) its indices are plain attributes (not buffers) moved to the
-input's device once on the first call (a ``checked`` flag), so a later ``.to()`` leaves them stale;
-(3) it builds indices through numpy and casts to int32 from the device string; (4) it adds a
-``channel_shuffle`` submodule per block, diverging from torchvision's module tree. The math is the
-same as ours, which is proven identical to torchvision and keeps torchvision's state dict, so it
-would add risk and buy nothing. (Its backward also casts the gradient to NCHW with
-``torch_npu.npu_format_cast(grad, 0)`` on NPU; that format hint is not applied here.)
+"""ShuffleNetV2 with the Ascend guide's NPU-friendly channel shuffle (one ``index_select``, fused with
+``cat`` and the next split in training), module for module torchvision's and numerically identical.
+Forms, the rule for which path runs, and why not torch_npu's ChannelShuffle: docs/DESIGN.md.
 """
 import sys
 

@@ -1,13 +1,11 @@
-"""Machinery of the ImageNet trainer: one concern per module.
+"""Machinery of the ImageNet trainer, one concern per module (the flow: README.md, "Architecture").
 
-config      command line -> frozen Config (and validation)
-device      the only module that knows npu / cuda / cpu
-distributed process launch, ranks, collectives
-data        image folders, fixed-shape loaders, synthetic data
-amp         mixed precision (native autocast + GradScaler, or apex)
-checkpoint  atomic save, tolerant load, resume
-engine      train / validate loops
-metrics     meters, accuracy, log lines
-summary     summary.json
-run         the flow that ties them together
+config      command line -> frozen Config          recipes   recipes.json and the one scaling rule
+device      the only module that names npu/cuda/cpu  distributed  launch modes, ranks, collectives
+data        folders, fixed-shape loaders            amp       precision + the optimizer step object
+guard       divergence guard                        engine    train / validate loops
+checkpoint  atomic save, load, CheckpointSaver      metrics   meters, accuracy, log lines
+summary     summary.json                            schedule  the LR as a function of the position
+profiling   --profile-steps                         run       run -> worker -> build -> train
+drivers     the ModelZoo shell drivers' Python      cli, errors  one-line errors, exit code 2
 """

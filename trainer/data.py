@@ -1,20 +1,6 @@
-"""Data: image folders, fixed-shape loaders, padded validation, synthetic batches.
-
-Shapes never change (operators compile per shape on NPU):
-- training drops the last incomplete batch (``drop_last=True``);
-- validation pads its last batch to full size and returns a ``valid`` mask, so every
-  metric counts each validation image exactly once (no image dropped, none doubled,
-  also when sharded over processes).
-
-Workers decode and augment into uint8 tensors; normalisation happens on the device
-(``Normalizer``), so host->device copies are a quarter of the float32 size.
-
-Augmentation is seeded per sample from (seed, epoch, index): a seeded run gives the same
-batches whatever the worker count, and a resumed run continues exactly as an
-uninterrupted one would.
-
-A corrupt or truncated image stops the run with an error naming the file (exit code 2):
-accuracy baselines must be trained on the full data set, never silently on less.
+"""Data: image folders, fixed-shape loaders (training drops the last batch; validation pads and masks
+it), uint8 workers with on-device normalisation, per-sample seeded augmentation, synthetic batches.
+The rules and their reasons: docs/DESIGN.md.
 """
 import math
 import os

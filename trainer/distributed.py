@@ -1,22 +1,6 @@
-"""Process launch and collectives.
-
-Launch modes, one behaviour:
-  spawn    ``--multiprocessing-distributed``: this process starts one process per device of
-           ``--device-list`` (default: all visible) and supervises them; ``--world-size`` is
-           the number of nodes and ``--rank`` this node's rank (pytorch/examples' meaning).
-  process  this process is one rank started by someone else: torchrun /
-           ``python -m torch.distributed.launch`` (RANK, WORLD_SIZE, LOCAL_RANK or
-           ``--local_rank``), a shell loop (RANK_ID, RANK_SIZE, LOCAL_RANK: the Ascend
-           scripts' way), or by hand (``--world-size N --rank R`` = processes and rank).
-  single   one process, no process group.
-
-Batch and LR: ``-b`` is the GLOBAL batch; each process gets ``b / world_size`` (it must
-divide). ``--lr`` is used as given: recipes pass the LR already scaled for the global
-batch. ``-j`` is per node and is split over the node's processes.
-
-Rendezvous is ``env://`` by default with MASTER_ADDR/MASTER_PORT from ``--addr``/``--port``
-(or the environment; defaults 127.0.0.1:29688, the Ascend guide's port); ``--dist-url``
-overrides. The backend follows the device (hccl / nccl / gloo); ``--dist-backend`` overrides.
+"""Process launch (single | spawn | process: torchrun, the guides' shell loop, several nodes), where
+this process sits in the job, and the collectives the trainer uses. The launch modes, the batch and
+LR rules and the rendezvous: docs/DESIGN.md.
 """
 import datetime
 import inspect

@@ -1,26 +1,6 @@
-"""Step profiling for ``main.py --profile-steps START:END [--profile-stop]``.
-
-``StepProfiler.step(global_step)`` is called by the engine after every training step with the
-0-based global step index (epoch * steps_per_epoch + i). Recording starts when step START-1 has
-completed (at construction when START is 0), so steps START..END-1 are recorded, and stops when
-step END-1 has completed. Then it writes, into the output folder:
-
-* a Chrome trace, ``profile_rank<R>.json`` (open it in chrome://tracing or https://ui.perfetto.dev),
-  where the profiler has ``export_chrome_trace`` and ``key_averages`` (torch.profiler); a profiler
-  without ``key_averages`` (torch_npu.profiler) writes its own result folder instead,
-  ``profile_rank<R>/`` via its ``tensorboard_trace_handler``, holding ``*_ascend_pt/ASCEND_PROFILER_OUTPUT/``
-  (``trace_view.json``, ``op_statistic.csv``, ...), recorded at profiler level 1 where the profiler
-  has levels, so that the device's op statistics are among them;
-* an op table, ``profile_ops_rank<R>.txt``: ``key_averages().table`` sorted by device time where the
-  profiler recorded a device, else by CPU time; without ``key_averages`` the table is built from the
-  exported files (the device's op statistics when present, then the events of the trace).
-
-With ``stop`` true, ``stop_run`` becomes True once the profiled steps are done, and the engine ends
-the run there. The profiler module and its activities come from the device layer
-(``device.profiler_activities()``); nothing here names a device kind.
-
-``close()`` writes a range the run never finished (a run shorter than END): the trainer should call
-it once after its last training step.
+"""Step profiling for ``main.py --profile-steps START:END [--profile-stop]``: records global steps
+START..END-1 with the device's profiler and writes a Chrome trace and an op table per rank.
+What is written for torch.profiler and for torch_npu.profiler: docs/DESIGN.md.
 """
 import csv
 import glob
