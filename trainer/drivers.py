@@ -25,7 +25,7 @@ VALUE_KEYS = ("data_path", "arch", "batch_size", "epochs", "lr", "device", "devi
               "workers", "precision", "resume", "output_dir", "baseline", "acc_tolerance", "fps_ratio", "steps")
 # main.py destinations the drivers set themselves (their --key=value arguments say them instead)
 OWNED = ("arch", "batch_size", "lr", "epochs", "workers", "device", "device_index", "device_list", "output_dir",
-         "resume", "recipe", "amp", "amp_impl", "amp_dtype", "opt_level", "dummy", "data", "data_opt", "evaluate",
+         "resume", "recipe", "amp", "amp_impl", "opt_level", "dummy", "data", "data_opt", "evaluate",
          "multiprocessing_distributed", "world_size", "rank", "local_rank")
 PERF_STEPS = 1000
 STOP_GRACE = 15.0
