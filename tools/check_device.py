@@ -124,18 +124,21 @@ class Battery:
         from trainer import amp as ampmod
         from trainer.device import fused_sgd_skips_overflow
         pairings = [("float16", None), ("float16", 128.0)]
-        if self.device.kind != "npu":
+        try:
+            self.device.resolve_amp_dtype("bfloat16")
             pairings.append(("bfloat16", None))
+        except UsageError:  # a device without bfloat16
+            pass
         bad, names = [], []
         for dtype_name, scale in pairings:
             dtype = getattr(torch, dtype_name)
             prec = ampmod.Precision(dtype_name, "native", dtype, scale)
-            for fused in ((None, False) if self.device.kind != "npu" else (None,)):
+            for fused in (None, False):  # the device's own choice, and torch's unfused SGD
                 problem, name = overflow_contract(self.device, prec, fused)
                 names.append("{}{}+{}".format(dtype_name, "" if scale is None else "@{:g}".format(scale), name))
                 if problem:
                     bad.append("{}: {}".format(names[-1], problem))
-        fused_ok = fused_sgd_skips_overflow(self.device) if self.device.kind != "npu" else None
+        fused_ok = fused_sgd_skips_overflow(self.device)
         self.record("contract", not bad, "; ".join(bad) if bad else "{} pairings hold ({})".format(
             len(names), ", ".join(names)), pairings=names, fused_probe=fused_ok)
 
@@ -261,7 +264,7 @@ class Battery:
                                            "-b", "16", "--epochs", "1", "--max-steps-per-epoch", "4",
                                            "--no-validate", "--seed", "0", "--train-crop-size", "32"])
         ok = rc == 0 and s is not None and s.get("status") == "ok" and s.get("world_size") == 1
-        backend = {"npu": "hccl", "cuda": "nccl"}.get(self.device.kind, "gloo")
+        backend = self.device.dist_backend
         self.record("ddp", ok, "{} spawned, 1 process: exit {}, status {}".format(
             backend, rc, s and s.get("status")) + ("" if ok else ": " + _tail(text)))
 
