@@ -392,9 +392,7 @@ def run(args, out=None):
     os.makedirs(work, exist_ok=True)
     if args.work_dir and any(os.path.exists(os.path.join(work, c)) for c in CHECKS):
         raise UsageError("--work-dir '{}' holds an earlier battery; choose an empty folder".format(work))
-    name = device.name
-    if device.kind == "cuda":
-        name += " ({})".format(torch.cuda.get_device_name(device.index))
+    name = device.description()
     log("=> checking {} | torch {} | work dir {}".format(name, torch.__version__, work))
     battery = Battery(device, work, Sizes(args.small or device.kind == "cpu"), log)
     t0 = time.time()

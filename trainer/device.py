@@ -271,6 +271,17 @@ class Device:
     def name(self):
         return str(self.torch_device)
 
+    def description(self):
+        """The device and, where the runtime tells it, its model (e.g. 'cuda:0 (NVIDIA H100 80GB HBM3)')."""
+        try:
+            if self.kind == "cuda":
+                return "{} ({})".format(self.name, torch.cuda.get_device_name(self.index))
+            if self.kind == "npu":
+                return "{} ({})".format(self.name, npu_module().npu.get_device_name(self.index))
+        except Exception:
+            pass
+        return self.name
+
     @classmethod
     def create(cls, requested="auto", index=None):
         """Resolve the kind, check the index and set the device (once per process)."""
