@@ -3,11 +3,12 @@ this process sits in the job, and the collectives the trainer uses. The launch m
 LR rules and the rendezvous: docs/DESIGN.md.
 """
 import datetime
-import inspect
 import os
+import pickle
 import signal
 import socket
 import sys
+import time
 
 import torch
 
@@ -148,14 +149,105 @@ def check_port_free(port):
             raise UsageError("port {} is in use: pass --port N with a free port, or --port 0 to pick one".format(port))
 
 
+# ---------------------------------------------------------------- supervision
+
+
+STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
+# exit codes of a rank that stopped on its own and said why (a user error, a divergence, Ctrl-C): every
+# rank meets the same condition, so the others are given STOP_GRACE to stop as well before being stopped
+ORDERLY = (2, EXIT_DIVERGED, 130)
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the process that supervises the ranks."""
+
+    def __init__(self, signum):
+        Exception.__init__(self, signum)
+        self.signum = signum
+        self.exit_code = 130 if signum == signal.SIGINT else 143
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signum)
+
+
+def _exit_code(proc):
+    return proc.poll() if hasattr(proc, "poll") else proc.exitcode  # subprocess.Popen | multiprocessing.Process
+
+
+class Ranks:
+    """The rank processes of one job on this node, however started (``spawn``'s workers, or one process per
+    device from the drivers): wait for them, name the rank to blame, stop the others. ``groups``: each rank
+    leads its own process group, which is signalled as a whole (its data loader workers included).
+    Inside ``with ranks:`` SIGINT and SIGTERM raise Interrupted, so that the caller stops the ranks."""
+
+    def __init__(self, procs=(), groups=False):
+        self.procs, self.groups, self._handlers = list(procs), groups, {}
+
+    def __enter__(self):
+        self._handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._handlers.items():
+            signal.signal(s, h)
+        return False
+
+    def codes(self):
+        return [_exit_code(p) for p in self.procs]
+
+    def running(self):
+        return any(c is None for c in self.codes())
+
+    def failed(self):
+        """The rank to blame once one failed (a killed rank rather than its peers), else None."""
+        bad = [(r, c) for r, c in enumerate(self.codes()) if c not in (None, 0)]
+        killed = [r for r, c in bad if c < 0]
+        return (killed or [r for r, _ in bad] or [None])[0]
+
+    def signal_all(self, sig):
+        for p in self.procs:
+            if _exit_code(p) is None or (self.groups and sig == signal.SIGKILL):
+                try:
+                    (os.killpg if self.groups else os.kill)(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def _settle(self, seconds, poll):
+        deadline = time.time() + seconds
+        while self.running() and time.time() < deadline:
+            time.sleep(poll)
+
+    def stop(self, sig=signal.SIGTERM, poll=0.2):
+        """``sig`` to every rank still running, SIGKILL after STOP_GRACE (and to what is left in their groups)."""
+        self.signal_all(sig)
+        self._settle(STOP_GRACE, poll)
+        self.signal_all(signal.SIGKILL)
+        for p in self.procs:
+            (p.wait if hasattr(p, "wait") else p.join)()
+
+    def supervise(self, poll=0.2):
+        """Wait for every rank; once one failed, stop the others (a rank that stopped in ORDERLY fashion leaves
+        them STOP_GRACE to stop on their own first). Returns the rank to blame, or None."""
+        while self.running() and self.failed() is None:
+            time.sleep(poll)
+        blame = self.failed()
+        if blame is not None and self.codes()[blame] in ORDERLY:
+            self._settle(STOP_GRACE, poll)
+            blame = self.failed()
+        if self.running():
+            self.stop(poll=poll)
+        return blame
+
+
 # ---------------------------------------------------------------- spawn
 
 
 def spawn(cfg, kind, worker):
-    """--multiprocessing-distributed: one process per device, supervised.
+    """--multiprocessing-distributed: one process per device, supervised (``Ranks``).
 
     If any rank fails, the others are stopped and this returns its exit code (2 for a
-    user error, 1 otherwise); Ctrl-C stops all of them.
+    user error, 4 for a divergence, 1 otherwise); Ctrl-C stops all of them (130, SIGTERM 143).
     """
     ids = cfg.device_list or tuple(range(devmod.count(kind)))
     nprocs = len(ids)
@@ -172,39 +264,42 @@ def spawn(cfg, kind, worker):
     child = cfg.replace(device_list=tuple(ids), world_size=world, procs_per_node=nprocs,
                         rank=cfg.node_rank * nprocs, port=port)
     import torch.multiprocessing as mp
-    ctx = mp.start_processes(_spawn_entry, args=(child, worker), nprocs=nprocs, join=False,
-                             start_method="spawn")
-    # ranks stopping on their own (a user error or divergence every rank sees) get a moment to exit
-    grace = {"grace_period": 15} if "grace_period" in inspect.signature(ctx.join).parameters else {}
+    ranks, error_files = Ranks(), []
     try:
-        while not ctx.join(**grace):
-            pass
-    except KeyboardInterrupt:
-        _terminate(ctx.processes)
+        with ranks:
+            ctx = mp.start_processes(_spawn_entry, args=(child, worker), nprocs=nprocs, join=False,
+                                     start_method="spawn")
+            ranks.procs, error_files = ctx.processes, ctx.error_files
+            r = ranks.supervise()
+    except Interrupted as exc:
+        ranks.stop()
         sys.stderr.write("error: interrupted; all ranks stopped\n")
-        return 130
-    except Exception as exc:  # ProcessRaisedException / ProcessExitedException
-        _terminate(ctx.processes)
-        index = getattr(exc, "error_index", "?")
-        code = getattr(exc, "exit_code", None)
-        if code in (2, EXIT_DIVERGED):
-            return code  # the rank printed its one-line error already
-        how = "exit code {}".format(code) if code is not None and code >= 0 else (
-            "signal {}".format(-code) if code is not None else "an exception")
-        sys.stderr.write("error: local rank {} failed ({}); stopped the other ranks\n".format(index, how))
-        return 1
-    return 0
+        return exc.exit_code
+    finally:
+        if ranks.running():
+            ranks.stop()
+        traces = [_take_trace(f) for f in error_files]
+    if r is None:
+        return 0
+    code = ranks.codes()[r]
+    if code in (2, EXIT_DIVERGED):
+        return code  # the rank printed its one-line error already
+    if traces[r]:
+        sys.stderr.write(traces[r])
+    how = "exit code {}".format(code) if code >= 0 else "signal {}".format(-code)
+    sys.stderr.write("error: local rank {} failed ({}); stopped the other ranks\n".format(r, how))
+    return 1
 
 
-def _terminate(processes, grace=10.0):
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    for p in processes:
-        p.join(grace)
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGKILL)
-            p.join()
+def _take_trace(path):
+    """The traceback a spawned rank left in its error file (torch.multiprocessing), the file removed."""
+    try:
+        with open(path, "rb") as f:
+            trace = pickle.load(f)
+        os.unlink(path)
+        return str(trace)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return ""
 
 
 def _spawn_entry(local_index, cfg, worker):

@@ -28,7 +28,6 @@ OWNED = ("arch", "batch_size", "lr", "epochs", "workers", "device", "device_inde
          "resume", "recipe", "amp", "amp_impl", "opt_level", "dummy", "data", "data_opt", "evaluate",
          "multiprocessing_distributed", "world_size", "rank", "local_rank")
 PERF_STEPS = 1000
-STOP_GRACE = 15.0
 NPU_NETWORKS = ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0")
 
 
@@ -352,15 +351,6 @@ def command(p):
 # ---------------------------------------------------------------- launch and supervise
 
 
-class Interrupted(Exception):
-    def __init__(self, signum):
-        self.signum = signum
-
-
-def _on_signal(signum, frame):
-    raise Interrupted(signum)
-
-
 def rank_env(p, r, port, env):
     e = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                                      "ROLE_RANK")}  # torchrun's would take precedence
@@ -390,61 +380,27 @@ def _child_setup():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a rank must see Ctrl-C even if we started with it ignored
 
 
-class Ranks:
-    """The rank processes of one run: start, wait, stop (the supervisor of the drivers' launch)."""
-
-    def __init__(self, p, cmd, env):
-        self.p, self.cmd, self.env = p, cmd, env
-        self.procs, self.logs = [], []
-
-    def start(self):
-        from trainer.distributed import free_port
-        p = self.p
-        port = int(p.port) if p.port else (free_port() if p.scale == "8p" else None)
-        cores = core_binding(p)
-        for r in range(p.ranks):
-            log = os.path.join(p.output_dir, "train_{}.log".format(r))
-            prefix = ["taskset", "-c", cores[r]] if cores[r] else []
-            with open(log, "ab" if p.output_action == "keep" else "wb") as f:
-                proc = subprocess.Popen(prefix + self.cmd, stdout=f, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=rank_env(p, r, port, self.env),
-                                        preexec_fn=_child_setup)
-            self.procs.append(proc)
-            self.logs.append(log)
-            if p.scale == "1p":
-                print("started: pid {}, log {}".format(proc.pid, log), flush=True)
-            else:
-                print("rank {}: pid {}, device {}, log {}{}".format(r, proc.pid, p.devices[r], log,
-                                                                   ", cores " + cores[r] if cores[r] else ""),
-                      flush=True)
-
-    def failed(self):
-        """The rank to blame once one failed (a killed rank rather than its peers), else None."""
-        bad = [r for r, proc in enumerate(self.procs) if proc.poll() not in (None, 0)]
-        if not bad:
-            return None
-        killed = [r for r in bad if self.procs[r].returncode < 0]
-        return (killed or bad)[0]
-
-    def running(self):
-        return any(proc.poll() is None for proc in self.procs)
-
-    def signal_all(self, sig):
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def stop(self, sig=signal.SIGTERM):
-        """``sig`` to every rank, SIGKILL after the grace period (and to whatever is left in their groups)."""
-        self.signal_all(sig)
-        deadline = time.time() + STOP_GRACE
-        while self.running() and time.time() < deadline:
-            time.sleep(0.2)
-        self.signal_all(signal.SIGKILL)
-        for proc in self.procs:
-            proc.wait()
+def start_ranks(p, cmd, env, ranks):
+    """One main.py process per device, each with its log file and its own process group, added to ``ranks``;
+    returns the logs."""
+    from trainer.distributed import free_port
+    port = int(p.port) if p.port else (free_port() if p.scale == "8p" else None)
+    cores = core_binding(p)
+    logs = []
+    for r in range(p.ranks):
+        log = os.path.join(p.output_dir, "train_{}.log".format(r))
+        prefix = ["taskset", "-c", cores[r]] if cores[r] else []
+        with open(log, "ab" if p.output_action == "keep" else "wb") as f:
+            proc = subprocess.Popen(prefix + cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=rank_env(p, r, port, env), preexec_fn=_child_setup)
+        ranks.procs.append(proc)
+        logs.append(log)
+        if p.scale == "1p":
+            print("started: pid {}, log {}".format(proc.pid, log), flush=True)
+        else:
+            print("rank {}: pid {}, device {}, log {}{}".format(r, proc.pid, p.devices[r], log,
+                                                               ", cores " + cores[r] if cores[r] else ""), flush=True)
+    return logs
 
 
 def last_line(path):
@@ -456,27 +412,17 @@ def last_line(path):
     return lines[-1][:300] if lines else ""
 
 
-def supervise(ranks):
-    """Wait for every rank; on the first failure stop the others. Returns the exit code."""
-    p = ranks.p
-    while ranks.running():
-        if ranks.failed() is not None:
-            break
-        time.sleep(0.2)
-    r = ranks.failed()
-    if r is None:
-        return 0
-    if ranks.running():
-        ranks.stop()
+def report_failure(p, ranks, logs, r):
+    """The one line that names the failed rank (its last log line, its log); returns the exit code."""
     rc = ranks.procs[r].returncode
     why = "was killed by signal {}".format(-rc) if rc < 0 else "failed with exit code {}".format(rc)
-    last = last_line(ranks.logs[r])
+    last = last_line(logs[r])
     last = " (last log line: {})".format(last) if last else ""
     if p.scale == "1p":
-        sys.stderr.write("error: the run (pid {}) {}{}; log: {}\n".format(ranks.procs[r].pid, why, last, ranks.logs[r]))
+        sys.stderr.write("error: the run (pid {}) {}{}; log: {}\n".format(ranks.procs[r].pid, why, last, logs[r]))
     else:
         sys.stderr.write("error: rank {} (pid {}) {}{}; the other ranks were stopped; log: {}\n".format(
-            r, ranks.procs[r].pid, why, last, ranks.logs[r]))
+            r, ranks.procs[r].pid, why, last, logs[r]))
     from trainer.guard import EXIT_DIVERGED
     return rc if rc in (2, EXIT_DIVERGED) else 1
 
@@ -520,25 +466,22 @@ def run(mode, scale, argv, env=None):
         " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
     print("command: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     t0 = time.time()
-    ranks = Ranks(p, cmd, env)
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    from trainer.distributed import Interrupted, Ranks
+    ranks = Ranks(groups=True)
     try:
-        ranks.start()
-        code = supervise(ranks)
+        with ranks:
+            logs = start_ranks(p, cmd, env, ranks)
+            r = ranks.supervise()
     except Interrupted as exc:
-        for s, h in old.items():
-            signal.signal(s, h)
-        name = "INT" if exc.signum == signal.SIGINT else "TERM"
-        if ranks.running():
-            sys.stderr.write("interrupted (SIG{}): stopping all ranks\n".format(name))
-            ranks.stop(signal.SIGINT if exc.signum == signal.SIGINT else signal.SIGTERM)
-            sys.stderr.write("interrupted: all ranks stopped; logs in {}\n".format(p.output_dir))
-        return 130 if exc.signum == signal.SIGINT else 143
+        sys.stderr.write("interrupted (SIG{}): stopping all ranks\n".format(
+            "INT" if exc.signum == signal.SIGINT else "TERM"))
+        ranks.stop(exc.signum)
+        sys.stderr.write("interrupted: all ranks stopped; logs in {}\n".format(p.output_dir))
+        return exc.exit_code
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
         if ranks.running():
             ranks.stop()
+    code = report_failure(p, ranks, logs, r) if r is not None else 0
     if code:
         return code
     print("finished in {} s".format(int(time.time() - t0)) if scale == "1p" else
