@@ -1,7 +1,11 @@
+"""Shared by the test files: generated data sets, the child-process runners (each with a time limit)
+and the one-line user-error contract."""
 import json
 import os
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -13,17 +17,21 @@ from tools.make_dataset import generate  # noqa: E402
 PY = sys.executable
 
 
+def dataset(tmp_path_factory, name, classes, train, val, seed, **kw):
+    """A generated data set of 32x32 images in a fresh temporary folder ``name`` (tools/make_dataset.py)."""
+    out = str(tmp_path_factory.mktemp("data") / name)
+    return generate(out, classes=classes, train_per_class=train, val_per_class=val, size=32, seed=seed, **kw)
+
+
 @pytest.fixture(scope="session")
 def shapes(tmp_path_factory):
     """10 classes x 40 train / 10 val images of 32x32 drawn shapes (ImageNet layout)."""
-    out = str(tmp_path_factory.mktemp("data") / "shapes")
-    return generate(out, classes=10, train_per_class=40, val_per_class=10, size=32, seed=0)
+    return dataset(tmp_path_factory, "shapes", 10, 40, 10, seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_layout(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("data") / "tiny")
-    return generate(out, classes=4, train_per_class=12, val_per_class=5, size=32, layout="tiny-imagenet", seed=1)
+    return dataset(tmp_path_factory, "tiny", 4, 12, 5, seed=1, layout="tiny-imagenet")
 
 
 SMALL = ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-j", "0", "-p", "5"]
@@ -81,3 +89,37 @@ def run_tool(name, args, env=None, timeout=300):
     e.update(env or {})
     return subprocess.run([PY, os.path.join(ROOT, "tools", name)] + list(args), cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def read_lines(proc, until, timeout=120):
+    """A running child's stdout, line by line, until ``until(lines)`` holds; fails the test if the child
+    ends or ``timeout`` seconds pass first (a child that prints nothing cannot hang the test)."""
+    fd, lines, buf = proc.stdout.fileno(), [], b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, ("no awaited line within {} s".format(timeout), lines[-20:])
+        if not select.select([fd], [], [], left)[0]:
+            continue
+        chunk = os.read(fd, 65536)
+        assert chunk, ("the child ended first", proc.poll(), lines[-20:])
+        parts = (buf + chunk).split(b"\n")
+        buf = parts.pop()
+        for raw in parts:
+            lines.append(raw.decode("utf-8", "replace"))
+            if until(lines):
+                return lines
+
+
+def gone(pid, within=0.0):
+    """The process has ended (a zombie counts), waiting up to ``within`` seconds for it."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with open("/proc/{}/stat".format(pid)) as f:
+                ended = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            ended = True
+        if ended or time.monotonic() >= deadline:
+            return ended
+        time.sleep(0.05)

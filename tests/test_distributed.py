@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, assert_one_line_error, read_summary, run_main
+from conftest import PY, ROOT, SMALL, assert_one_line_error, gone, read_lines, read_summary, run_main
 from tools.make_dataset import generate
 
 # one optimizer step of a BN-free model, then a full validation pass
@@ -124,23 +124,13 @@ def _children(pid):
     return out
 
 
-def _alive(pid):
-    try:
-        with open("/proc/{}/stat".format(pid)) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_killing_one_rank_stops_the_job(data70, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path),
                           "--multiprocessing-distributed", "--device-list", "0,1", "--port", "0", "-a", "resnet18",
                           "--epochs", "100", "-b", "4", "--device", "cpu", "-p", "1"] + SMALL[:6] + ["-j", "1"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:
-        if re.match(r"Epoch: \[0\]\[\s*2/", line):
-            break
+    read_lines(p, lambda lines: re.match(r"Epoch: \[0\]\[\s*2/", lines[-1]), timeout=180)
     ranks = [c for c in _children(p.pid) if "spawn" in open("/proc/{}/cmdline".format(c)).read()]
     assert len(ranks) == 2, ranks
     family = ranks + [g for r in ranks for g in _children(r)]  # ranks and their data workers
@@ -153,8 +143,5 @@ def test_killing_one_rank_stops_the_job(data70, tmp_path):
             p.kill()
     assert p.returncode not in (0, None)
     assert time.time() - t0 < 60
-    deadline = time.time() + 15
-    while time.time() < deadline and any(_alive(q) for q in family):
-        time.sleep(0.5)
-    assert not [q for q in family if _alive(q)], "processes left behind"
+    assert all(gone(q, within=15) for q in family), "processes left behind"
     assert "failed" in p.stderr.read()

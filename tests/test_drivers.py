@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-from conftest import PY, ROOT, assert_one_line_error
+from conftest import PY, ROOT, assert_one_line_error, dataset, gone, read_lines
 from tools import acceptance
-from tools.make_dataset import generate
 from trainer.device import cpu_native_bf16
 
 SCRIPTS = ("train_full_1p.sh", "train_full_8p.sh", "train_performance_1p.sh", "train_performance_8p.sh")
@@ -92,34 +91,19 @@ def pids_of(stdout_lines):
     return [int(m.group(1)) for m in (re.search(r"\bpid (\d+)", ln) for ln in stdout_lines) if m]
 
 
-def gone(pid):
-    try:
-        with open("/proc/{}/stat".format(pid)) as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 def wait_for_ranks(proc, n, timeout=120):
-    """Read the driver's stdout until it printed n rank pids."""
-    lines, deadline = [], time.time() + timeout
-    while len(pids_of(lines)) < n:
-        line = proc.stdout.readline()
-        assert line and time.time() < deadline, ("driver ended early", lines, proc.stderr.read())
-        lines.append(line)
-    return pids_of(lines)
+    """Read the driver's stdout (time-limited) until it printed n rank pids."""
+    return pids_of(read_lines(proc, lambda lines: len(pids_of(lines)) >= n, timeout))
 
 
 @pytest.fixture(scope="module")
 def imagenet_small(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("data") / "imagenet")
-    return generate(out, classes=4, train_per_class=8, val_per_class=4, size=32, seed=3)
+    return dataset(tmp_path_factory, "imagenet", 4, 8, 4, seed=3)
 
 
 @pytest.fixture(scope="module")
 def tiny_small(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("data") / "tiny-imagenet-200")
-    return generate(out, classes=4, train_per_class=8, val_per_class=4, size=32, layout="tiny-imagenet", seed=4)
+    return dataset(tmp_path_factory, "tiny-imagenet-200", 4, 8, 4, seed=4, layout="tiny-imagenet")
 
 
 # ---------------------------------------------------------------- runs

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, read_summary, run_main
+from conftest import PY, ROOT, SMALL, read_lines, read_summary, run_main
 from tools.make_dataset import generate
 
 TRAIN = ["-a", "tiny_cnn", "--lr", "0.1", "-b", "16", "--wd", "0", "--crop-scale-min", "0.35", "--seed", "0"] + SMALL
@@ -168,9 +168,7 @@ def test_ctrl_c_writes_interrupted_summary(shapes, tmp_path):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          # a background job inherits SIGINT ignored; a terminal's Ctrl-C is not
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    for line in p.stdout:
-        if re.match(r"Epoch: \[0\]\[\s*2/", line):
-            break
+    read_lines(p, lambda lines: re.match(r"Epoch: \[0\]\[\s*2/", lines[-1]), timeout=120)
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=120)
     assert p.returncode == 130

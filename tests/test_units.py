@@ -1,14 +1,20 @@
-"""The pure functions, in this process: LR schedule, launch resolution, the recipe rule, accuracy counts and
-device-resident sums."""
+"""The pure functions, in this process: LR schedule, launch resolution, the recipe rule, accuracy counts,
+device-resident sums, and the rank supervisor on stand-in processes."""
 import argparse
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 import torch
 
+from conftest import gone
 from trainer import metrics, recipes
 from trainer.config import build_parser
 from trainer.device import Device
-from trainer.distributed import resolve_launch
+from trainer import distributed
+from trainer.distributed import Interrupted, Ranks, resolve_launch
 from trainer.errors import UsageError
 from trainer.schedule import Schedule
 
@@ -150,3 +156,56 @@ def test_parse_device_list_messages():
     for text, fragment in (("0,0", "names device 0 twice"), ("3-1", "runs backwards"), ("a", "not a device id")):
         with pytest.raises(argparse.ArgumentTypeError, match=fragment):
             parse_device_list(text)
+
+
+# ---------------------------------------------------------------- supervision (stand-in ranks: sh)
+
+
+def ranks_of(*scripts, groups=False):
+    return Ranks([subprocess.Popen(["sh", "-c", s], start_new_session=groups) for s in scripts], groups=groups)
+
+
+def test_supervise_all_done():
+    assert ranks_of("exit 0", "sleep 0.3").supervise(poll=0.05) is None
+
+
+def test_a_crashed_rank_stops_the_others_at_once():
+    ranks, t0 = ranks_of("sleep 30", "sleep 0.2; exit 1"), time.time()
+    assert ranks.supervise(poll=0.05) == 1
+    assert ranks.codes() == [-signal.SIGTERM, 1] and time.time() - t0 < 5
+
+
+def test_a_killed_rank_is_blamed_rather_than_its_peers():
+    ranks = ranks_of("exit 1", "kill -9 $$")
+    for p in ranks.procs:
+        p.wait()
+    assert ranks.failed() == 1 and ranks.supervise(poll=0.05) == 1
+
+
+def test_a_rank_that_stops_in_order_leaves_the_others_time(monkeypatch):
+    monkeypatch.setattr(distributed, "STOP_GRACE", 2.0)
+    ranks = ranks_of("exit 2", "sleep 0.5; exit 2", "sleep 30")
+    assert ranks.supervise(poll=0.05) == 0
+    assert ranks.codes() == [2, 2, -signal.SIGTERM]  # the second stopped on its own, the third was stopped
+
+
+def test_stop_kills_what_ignores_sigterm_and_the_whole_group(monkeypatch, tmp_path):
+    monkeypatch.setattr(distributed, "STOP_GRACE", 0.5)
+    pid_file = tmp_path / "child"
+    ranks = ranks_of("trap '' TERM; sleep 30 & echo $! > {}; wait".format(pid_file), groups=True)
+    deadline = time.time() + 10
+    while not (pid_file.exists() and pid_file.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    ranks.stop()
+    assert ranks.codes() == [-signal.SIGKILL]
+    assert gone(child, within=5)  # the rank's own child went with its group
+
+
+def test_signals_raise_interrupted_inside_with_only():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as exc:
+        with Ranks():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    assert exc.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is before
