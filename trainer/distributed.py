@@ -1,6 +1,6 @@
 """Process launch (single | spawn | process: torchrun, the guides' shell loop, several nodes), where
-this process sits in the job, and the collectives the trainer uses. The launch modes, the batch and
-LR rules and the rendezvous: docs/DESIGN.md.
+this process sits in the job, the supervisor of a node's ranks (spawn's and the drivers'), and the
+collectives the trainer uses. Launch modes, batch and LR rules, rendezvous: docs/DESIGN.md.
 """
 import datetime
 import os
