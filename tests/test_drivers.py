@@ -643,4 +643,4 @@ def test_driver_and_main_recipe_resolve_alike_and_train_the_same_weights(imagene
     import torch
     wa = torch.load(str(drv_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
     wb = torch.load(str(main_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert wa and set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
