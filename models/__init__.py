@@ -53,6 +53,26 @@ def unknown_message(name):
         name, " (did you mean {}?)".format(", ".join(hint)) if hint else "")
 
 
+# torchvision names this project builds faster: the same network, numerically identical, with
+# torchvision's module names (so weights load either way). See docs/BENCHMARKS.md.
+VARIANTS = {"shufflenet_v2_x{}".format(w): "shufflenet_v2_x{}_npu".format(w) for w in ("0_5", "1_0", "1_5", "2_0")}
+MODEL_IMPLS = ("auto", "torchvision")
+
+
+def resolve(name, impl="auto"):
+    """The model to build for ``--arch name --model-impl impl``: ``auto`` takes this project's variant
+    where one exists, ``torchvision`` torchvision's own network."""
+    if impl == "torchvision":
+        return name
+    return VARIANTS.get(name, name)
+
+
+def same_weights(a, b):
+    """Whether models ``a`` and ``b`` have the same state dict layout (a network and its variant)."""
+    base = {v: k for k, v in VARIANTS.items()}
+    return base.get(a, a) == base.get(b, b)
+
+
 def get_model(name, num_classes=1000, **kwargs):
     _ensure_local_models()
     if name in _REGISTRY:

@@ -67,8 +67,9 @@ obs["optimizer_with_apex"] = dev.sgd(model.parameters(), 0.1, 0.9, 1e-4, apex_am
 
 
 def cfg_for(*argv):
+    """The config main.py would run with on the (fake) NPU: parsed, then settled for the device."""
     cfg, _ = parse_config(["--dummy"] + list(argv), env={})
-    return cfg
+    return ampmod.settle(cfg.replace(device="npu"), "npu")
 
 
 def train_steps(cfg, poison_at, n=4, momentum=0.0):
@@ -97,21 +98,21 @@ def train_steps(cfg, poison_at, n=4, momentum=0.0):
 
 
 # 4. native amp on the NPU path: overflow steps skipped and counted, dynamic and static scale
-step, trace = train_steps(cfg_for("--amp", "--device", "npu"), poison_at={1})
+step, trace = train_steps(cfg_for("--amp", "--amp-impl", "native", "--device", "npu"), poison_at={1})
 obs["native_trace"] = trace
 obs["native_overflow_steps"] = step.overflow_steps()
-obs["native_state_keys"] = sorted(step.state_dict())
+obs["native_state_keys"] = sorted(step.checkpoint_entries())
 obs["native_describe"] = step.describe()
 obs["native_calls"] = [c[0] + ("" if c[0] != "GradScaler.step" else ":" + str(c[1])) for c in torch_npu.calls
                        if c[0].startswith("GradScaler")]
-step, trace = train_steps(cfg_for("--amp", "--device", "npu", "--loss-scale", "128"), poison_at={0, 2})
+step, trace = train_steps(cfg_for("--amp", "--amp-impl", "native", "--device", "npu", "--loss-scale", "128"),
+                          poison_at={0, 2})
 obs["static_trace"] = trace
 obs["static_scale_after"] = step.loss_scale()
 obs["static_overflow_steps"] = step.overflow_steps()
 
 # 5. apex on the NPU path: initialize with combine_grad, a static scale held by min = max, scale_loss
 cfg = cfg_for("--amp", "--amp-impl", "apex", "--opt-level", "O2", "--loss-scale", "128", "--device", "npu")
-ampmod.check(cfg, "npu")
 step, trace = train_steps(cfg, poison_at={1}, momentum=0.9)
 init = [c for c in apex.calls if c[0] == "initialize"]
 obs["apex_initialize"] = {k: v for k, v in init[0][1].items()
@@ -119,7 +120,7 @@ obs["apex_initialize"] = {k: v for k, v in init[0][1].items()
 obs["apex_scale_loss_calls"] = sum(1 for c in apex.calls if c[0] == "scale_loss")
 obs["apex_trace"] = trace
 obs["apex_scale_after"] = step.loss_scale()
-obs["apex_state_keys"] = sorted(step.state_dict())
+obs["apex_state_keys"] = sorted(step.checkpoint_entries())
 obs["apex_optimizer"] = step.name
 
 # 6. device list checks before any process starts
@@ -136,5 +137,62 @@ try:
 except UsageError as exc:
     obs["descending"] = str(exc)
 del os.environ["ASCEND_RT_VISIBLE_DEVICES"]
+
+# 7. plain --amp on NPU follows the Ascend guide where apex is installed: apex.amp O2, static 1024, combine_grad
+INIT_KEYS = ("opt_level", "loss_scale", "combine_grad", "combine_ddp", "min_loss_scale", "max_loss_scale",
+             "dynamic_init_scale")
+
+
+def apex_init(cfg):
+    train_steps(cfg, poison_at=set(), n=1)
+    init = [c for c in apex.calls if c[0] == "initialize"]
+    return {k: v for k, v in init[0][1].items() if k in INIT_KEYS} if init else None
+
+
+cfg = cfg_for("--amp", "--device", "npu")
+obs["guide_amp"] = {"impl": cfg.amp_impl, "loss_scale": cfg.loss_scale, "notes": list(cfg.notes),
+                    "initialize": apex_init(cfg)}
+cfg = cfg_for("--amp", "--device", "npu", "--opt-level", "O1", "--loss-scale", "128")
+obs["guide_amp_o1"] = apex_init(cfg)
+cfg = cfg_for("--amp", "--device", "npu", "--loss-scale", "dynamic")
+obs["guide_amp_dynamic"] = apex_init(cfg)
+cfg = cfg_for("--amp", "--device", "npu", "--combine-ddp", "--world-size", "2", "--rank", "0")
+obs["combine_ddp"] = {"precision": ampmod.resolve(cfg, dev).combine_ddp, "initialize": apex_init(cfg)}
+cfg = cfg_for("--amp", "--amp-impl", "native", "--device", "npu", "--opt-level", "O1")
+obs["native_opt_level_notes"] = list(cfg.notes)
+try:
+    cfg_for("--amp", "--amp-impl", "native", "--device", "npu", "--combine-ddp")
+    obs["native_combine_ddp"] = "allowed"
+except UsageError as exc:
+    obs["native_combine_ddp"] = str(exc)
+real_apex_amp = devmod.apex_amp
+devmod.apex_amp = lambda: None  # an NPU host without Ascend apex
+cfg = cfg_for("--amp", "--device", "npu")
+obs["amp_without_apex"] = {"impl": cfg.amp_impl, "loss_scale": cfg.loss_scale,
+                           "precision": ampmod.resolve(cfg, dev).dtype_name}
+devmod.apex_amp = real_apex_amp
+
+# 8. the guides' model name builds the NPU-affine variant, with int32 shuffle indices
+from trainer import run as runmod  # noqa: E402
+real_to = torch.nn.Module.to
+torch.nn.Module.to = lambda self, *a, **k: self  # fake NPUs hold no tensors: the rest of build_model is real
+cfg = cfg_for("-a", "shufflenet_v2_x1_0", "--device", "npu")
+model = runmod.build_model(cfg, 10, dev, 1)
+obs["guide_shufflenet"] = {"model": cfg.model, "class": type(model).__module__ + "." + type(model).__name__,
+                           "notes": list(cfg.notes),
+                           "index_dtypes": sorted({str(b.dtype) for n, b in model.named_buffers()
+                                                   if "index" in n or "perm" in n})}
+cfg = cfg_for("-a", "shufflenet_v2_x1_0", "--device", "npu", "--model-impl", "torchvision")
+obs["torchvision_shufflenet"] = type(runmod.build_model(cfg, 10, dev, 1)).__module__
+torch.nn.Module.to = real_to
+
+# 9. targets are cast on the host and reach the device as int32 already
+from trainer.engine import Engine  # noqa: E402
+moved = []
+dev.move = lambda t: (moved.append(str(t.dtype)), t)[1]
+engine = Engine.__new__(Engine)
+engine.device = dev
+obs["target_reaches_device_as"] = [str(engine._targets(torch.tensor([1, 2, 3])).dtype)] + moved
+del dev.move
 
 print(json.dumps(obs, default=str))

@@ -85,6 +85,42 @@ def test_shell_loop_two_processes_match_one(data70, single, tmp_path):
     assert "Epoch: [0]" in outs[0][0] and "Epoch: [0]" not in outs[1][0]  # rank 0 logs the metrics
 
 
+def _loop(data70, tmp_path, per_rank_env, per_rank_args, shared_env):
+    """Start one main.py per rank the way a guide's shell loop does; returns their (stdout, stderr)."""
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        for k in ("RANK", "WORLD_SIZE", "RANK_ID", "RANK_SIZE", "LOCAL_RANK"):
+            env.pop(k, None)
+        env.update(shared_env)
+        env.update(per_rank_env(rank))
+        procs.append(subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path)]
+                                      + STEP + per_rank_args(rank), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    return outs
+
+
+def test_910b_guide_train_sh_loop_is_one_job(data70, single, tmp_path):
+    """seed 003's train.sh: MASTER_ADDR, MASTER_PORT, WORLD_SIZE=2 exported; LOCAL_RANK=$i and --local_rank=$i
+    per process; no RANK. One job of two ranks, every validation image counted once."""
+    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    outs = _loop(data70, tmp_path, lambda r: {"LOCAL_RANK": str(r)}, lambda r: ["--local_rank={}".format(r)], shared)
+    assert_same_as_single(tmp_path, single)
+    assert "2 process(es)" in outs[0][0] and "Epoch: [0]" not in outs[1][0]
+
+
+def test_ascend_guide_local_rank_loop_with_spawn_flags_is_one_job(data70, single, tmp_path):
+    """seed 000's loop: LOCAL_RANK=$RANK_ID exported, `--rank 0 --world-size 1 --multiprocessing-distributed`:
+    each process is one rank of the node (nothing spawned); here 2 slots from --device-list."""
+    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    _loop(data70, tmp_path, lambda r: {"LOCAL_RANK": str(r)},
+          lambda r: ["--rank", "0", "--world-size", "1", "--dist-url", "env://", "--multiprocessing-distributed",
+                     "--device-list", "0,1"], shared)
+    assert_same_as_single(tmp_path, single)
+
+
 def test_two_node_ranks_on_one_machine(data70, single, tmp_path):
     """--world-size 2 nodes x 1 process, node ranks 0 and 1, rendezvous by --addr/--port."""
     port = str(free_port())

@@ -95,6 +95,46 @@ def test_apex_initialize_with_combine_grad_and_a_held_static_scale(obs):
     assert obs["apex_optimizer"] == "apex.optimizers.NpuFusedSGD"
 
 
+HELD_1024 = {"loss_scale": "dynamic", "min_loss_scale": 1024.0, "max_loss_scale": 1024.0,
+             "dynamic_init_scale": 1024.0}
+
+
+def test_plain_amp_on_npu_is_the_guides_apex_o2_static_1024_combine_grad(obs):
+    # seed 000: parser defaults --opt_level O2, --loss_scale 1024; amp.initialize(..., combine_grad=True)
+    g = obs["guide_amp"]
+    assert g["impl"] == "apex" and g["loss_scale"] == 1024.0
+    assert g["initialize"] == dict(HELD_1024, opt_level="O2", combine_grad=True, combine_ddp=None)
+    assert any("apex.amp O2, loss scale 1024 held fixed, combine_grad" in n for n in g["notes"])
+    # the guide's tuning advice: O1 + 128, then O1 dynamic
+    assert obs["guide_amp_o1"]["opt_level"] == "O1" and obs["guide_amp_o1"]["min_loss_scale"] == 128.0
+    assert obs["guide_amp_dynamic"]["loss_scale"] == "dynamic" and obs["guide_amp_dynamic"]["min_loss_scale"] is None
+
+
+def test_amp_without_ascend_apex_is_torch_npu_native(obs):
+    assert obs["amp_without_apex"] == {"impl": "native", "loss_scale": None, "precision": "float16"}
+
+
+def test_combine_ddp_goes_to_apex_and_native_refuses_it_and_opt_level_is_noted(obs):
+    assert obs["combine_ddp"]["precision"] is True
+    assert obs["combine_ddp"]["initialize"]["combine_ddp"] is True
+    assert obs["combine_ddp"]["initialize"]["combine_grad"] is True
+    assert "--combine-ddp is an option of Ascend apex.amp" in obs["native_combine_ddp"]
+    assert any(n.startswith("--opt-level O1 applies to apex only") for n in obs["native_opt_level_notes"])
+
+
+def test_guides_shufflenet_name_builds_the_npu_variant(obs):
+    g = obs["guide_shufflenet"]
+    assert g["model"] == "shufflenet_v2_x1_0_npu"
+    assert g["class"].startswith("models.shufflenet_npu.")
+    assert g["index_dtypes"] == ["torch.int32"]
+    assert any("--model-impl torchvision" in n for n in g["notes"])
+    assert obs["torchvision_shufflenet"].startswith("torchvision.models")
+
+
+def test_targets_are_int32_before_the_copy(obs):
+    assert obs["target_reaches_device_as"] == ["torch.int32", "torch.int32"]
+
+
 def test_device_list_checked_against_visible_npus(obs):
     assert "asks for npu device 8 but 8 visible" in obs["too_many"]
     assert "ascending order" in obs["descending"]

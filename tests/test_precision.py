@@ -128,13 +128,19 @@ def test_resume_restores_scaler_and_overflow_count():
     loss = torch.nn.functional.cross_entropy(model(x), y)
     step.zero_grad()
     step(loss * float("inf"))
-    opt_sd, amp_sd = step.optimizer.state_dict(), step.state_dict()
+    entries = step.checkpoint_entries()
+    assert set(entries) == {"optimizer", "precision", "scaler"}  # no "amp": that key is apex's (the guide's)
     model2, step2 = ampmod.build_step(precision("fp16", None), CPU, tiny_model(), LR, MOMENTUM, WD)
     notes = []
-    step2.load_state_dict(opt_sd, amp_sd, notes.append)
+    step2.restore(entries, notes.append)
     assert step2.loss_scale() == 32768.0 and step2.overflow_steps() == 1 and not notes
+    # a format-1 checkpoint of this project kept it all under "amp"
+    legacy = {"optimizer": entries["optimizer"], "amp": dict(entries["precision"], scaler=entries["scaler"])}
+    _, step4 = ampmod.build_step(precision("fp16", None), CPU, tiny_model(), LR, MOMENTUM, WD)
+    step4.restore(legacy, notes.append)
+    assert step4.loss_scale() == 32768.0 and step4.overflow_steps() == 1 and not notes
     _, step3 = ampmod.build_step(precision("bf16"), CPU, tiny_model(), LR, MOMENTUM, WD)
-    step3.load_state_dict(opt_sd, amp_sd, notes.append)
+    step3.restore(entries, notes.append)
     assert "not restored" in notes[0]
 
 

@@ -64,6 +64,18 @@ def ns(*argv):
      {"launch": "process", "world_size": 8, "rank": 2, "local_rank": 2}),
     (["--world-size", "2", "--rank", "1"], {}, {"launch": "process", "world_size": 2, "rank": 1}),
     ([], {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}, {"addr": "10.0.0.1", "port": 1234}),
+    # the 910B guide's train.sh: WORLD_SIZE and LOCAL_RANK exported, --local_rank=$i, no RANK -> one node
+    (["--local_rank=1"], {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     {"launch": "process", "world_size": 2, "rank": 1, "local_rank": 1, "nodes": 1, "port": 29500}),
+    ([], {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, {"launch": "process", "world_size": 2, "rank": 0}),
+    # torch.distributed.launch: RANK/WORLD_SIZE in the environment and --local-rank on the command line
+    (["--local-rank=1"], {"RANK": "1", "WORLD_SIZE": "2"}, {"launch": "process", "rank": 1, "local_rank": 1}),
+    ([], {"WORLD_SIZE": "1"}, {"launch": "single", "world_size": 1}),
+    # the Ascend guide's loop with spawn's flags: LOCAL_RANK per process, nothing is spawned
+    (["--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0-3"],
+     {"LOCAL_RANK": "2"}, {"launch": "process", "world_size": 4, "rank": 2, "local_rank": 2, "procs_per_node": 4}),
+    (["--multiprocessing-distributed", "--world-size", "2", "--rank", "1", "--device-list", "0-3"],
+     {"LOCAL_RANK": "3"}, {"launch": "process", "world_size": 8, "rank": 7, "node_rank": 1}),
 ])
 def test_resolve_launch(argv, env, expected):
     got = resolve_launch(ns(*argv), env)
@@ -76,10 +88,71 @@ def test_resolve_launch(argv, env, expected):
     ([], {"RANK_ID": "8", "RANK_SIZE": "8"}, "outside a world of 8"),
     ([], {"RANK": "x", "WORLD_SIZE": "2"}, "is not a whole number"),
     (["--world-size", "2", "--rank", "1", "--gpu", "0"], {}, "--gpu picks the device"),
+    # a process that sees a world size above 1 never runs alone
+    ([], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but nothing says which process this is"),
+    ([], {"WORLD_SIZE": "2", "LOCAL_RANK": "2"}, "LOCAL_RANK 2 is outside WORLD_SIZE=2"),
+    (["--local_rank", "0"], {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "--local_rank 0 and LOCAL_RANK=1 disagree"),
+    (["--multiprocessing-distributed"], {"RANK_SIZE": "2", "RANK_ID": "0"}, "under RANK_SIZE/RANK_ID"),
+    (["--multiprocessing-distributed", "--device-list", "0,1"], {"LOCAL_RANK": "2"}, "2 process slot"),
 ])
 def test_resolve_launch_rejects(argv, env, fragment):
     with pytest.raises(UsageError, match=fragment):
         resolve_launch(ns(*argv), env)
+
+
+def _cfg(*argv):
+    from trainer.config import parse_config
+    return parse_config(["--dummy", "--device", "cpu"] + list(argv), env={})[0]
+
+
+def test_npu_rendezvous_is_env_only_and_counts_other_than_1_2_4_8_are_flagged():
+    cfg = _cfg("--world-size", "2", "--rank", "0", "--dist-url", "tcp://127.0.0.1:50000")
+    assert distributed.check_launch(cfg, "cpu") == ()  # tcp:// is fine off NPU
+    with pytest.raises(UsageError, match=r"--dist-url tcp://127.0.0.1:50000: NPU processes .* env://.*--addr"):
+        distributed.check_launch(cfg, "npu")
+    assert distributed.check_launch(_cfg("--world-size", "2", "--rank", "0"), "npu") == ()
+    three = _cfg("--multiprocessing-distributed", "--device-list", "0-2", "-b", "12")
+    notes = distributed.check_launch(three, "npu")
+    assert len(notes) == 1 and "3 device(s) per node" in notes[0] and "1/2/4/8" in notes[0]
+    assert distributed.check_launch(three, "cpu") == ()
+
+
+def test_device_list_is_sorted_like_the_guide_and_gpu_is_cuda():
+    cfg = _cfg("--multiprocessing-distributed", "--device_list", "3,1,2,0")
+    assert cfg.device_list == (0, 1, 2, 3)
+    assert any("taken in ascending order 0,1,2,3" in n for n in cfg.notes)
+    assert _cfg("--device-list", "0-3").notes == ()
+    from trainer.config import parse_config
+    assert parse_config(["--dummy", "--device", "gpu"], env={})[0].device == "cuda"
+
+
+def test_shufflenet_names_build_the_variant_unless_torchvision_is_asked():
+    import models
+    cfg = _cfg("-a", "shufflenet_v2_x0_5")
+    assert cfg.arch == "shufflenet_v2_x0_5" and cfg.model == "shufflenet_v2_x0_5_npu" and len(cfg.notes) == 1
+    cfg = _cfg("-a", "shufflenet_v2_x0_5", "--model-impl", "torchvision")
+    assert cfg.model == "shufflenet_v2_x0_5" and cfg.notes == ()
+    assert _cfg("-a", "resnet50").model == "resnet50"
+    with pytest.raises(UsageError, match="use -a shufflenet_v2_x1_0 for torchvision's"):
+        _cfg("-a", "shufflenet_v2_x1_0_npu", "--model-impl", "torchvision")
+    # the variant's weights are torchvision's, so checkpoints of either resume into the other
+    assert models.same_weights("shufflenet_v2_x1_0", "shufflenet_v2_x1_0_npu")
+    assert not models.same_weights("shufflenet_v2_x1_0", "shufflenet_v2_x0_5_npu")
+    a = models.get_model("shufflenet_v2_x0_5", num_classes=10).state_dict()
+    b = models.get_model("shufflenet_v2_x0_5_npu", num_classes=10).state_dict()
+    assert [(k, tuple(v.shape)) for k, v in a.items()] == [(k, tuple(v.shape)) for k, v in b.items()
+                                                          if k in a] and set(a) <= set(b)
+
+
+def test_precision_flags_without_effect_are_noted():
+    from trainer import amp as ampmod
+    cfg = ampmod.settle(_cfg("--opt-level", "O1", "--loss-scale", "128"), "cpu")
+    assert cfg.notes == ("--opt-level and --loss-scale have no effect without --amp",)
+    cfg = ampmod.settle(_cfg("--amp", "--opt_level", "O2"), "cpu")
+    assert cfg.amp_impl == "native" and any(n.startswith("--opt-level O2 applies to apex only") for n in cfg.notes)
+    assert ampmod.settle(_cfg("--amp"), "cpu").notes == ()
+    with pytest.raises(UsageError, match="--combine-ddp is an option of Ascend apex.amp"):
+        ampmod.settle(_cfg("--amp", "--combine-ddp"), "cpu")
 
 
 # ---------------------------------------------------------------- recipe rule

@@ -19,9 +19,10 @@ class Precision:
     """The resolved precision of a run: ``impl`` none | native | apex, the autocast dtype (None: float32),
     the loss scale (None: dynamic), and a note for the log (or None)."""
 
-    def __init__(self, requested, impl, dtype, loss_scale, opt_level=None, note=None):
+    def __init__(self, requested, impl, dtype, loss_scale, opt_level=None, note=None, combine_ddp=False):
         self.requested, self.impl, self.dtype = requested, impl, dtype
         self.loss_scale, self.opt_level, self.note = loss_scale, opt_level, note
+        self.combine_ddp = combine_ddp
 
     @property
     def enabled(self):
@@ -37,16 +38,52 @@ class Precision:
         return "float32" if self.dtype is None else str(self.dtype).replace("torch.", "")
 
 
-def check(cfg, kind):
-    """Fail early (before any process starts) on an impossible combination."""
-    if cfg.amp and cfg.amp_impl == "apex":
-        if devmod.apex_amp() is None:
-            raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
-                             "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
-        if not devmod.supports_apex(kind):
-            raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
-        if cfg.amp_dtype == "bfloat16":
-            raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")
+def settle(cfg, kind):
+    """``cfg`` with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``, and a note for
+    every precision flag that has no effect in the chosen mode. Checks before any process starts."""
+    given, notes = set(cfg.explicit), []
+    if not cfg.amp:
+        unused = [f for f, d in (("--opt-level", "opt_level"), ("--loss-scale", "loss_scale")) if d in given]
+        if unused:
+            notes.append("{} {} no effect without --amp".format(" and ".join(unused),
+                                                               "have" if len(unused) > 1 else "has"))
+        return cfg.replace(amp_impl="native", notes=cfg.notes + tuple(notes))
+    impl = cfg.amp_impl
+    if impl == "auto":
+        impl = "native" if cfg.amp_dtype == "bfloat16" else devmod.default_amp_impl(kind)
+    loss_scale = cfg.loss_scale
+    if impl == "apex":
+        _check_apex(cfg, kind)
+        if "loss_scale" not in given:
+            loss_scale = devmod.default_apex_loss_scale(kind)
+        if cfg.amp_impl == "auto":
+            notes.append("--amp: apex.amp {}, loss scale {}{} (the Ascend guide's settings); --amp-impl native for "
+                         "torch's autocast".format(cfg.opt_level, "dynamic" if loss_scale is None else
+                                                   "{:g} held fixed".format(loss_scale),
+                                                   ", combine_grad" if devmod.apex_supports("combine_grad") else ""))
+        if cfg.combine_ddp and not devmod.apex_supports("combine_ddp"):
+            raise UsageError("--combine-ddp: this apex has no combine_ddp (Ascend apex provides it); drop the flag")
+        if cfg.combine_ddp and cfg.world_size == 1:
+            notes.append("--combine-ddp has no effect in a single-process run")
+    else:
+        if cfg.combine_ddp:
+            raise UsageError("--combine-ddp is an option of Ascend apex.amp, and this run uses native autocast{}; "
+                             "drop the flag".format("" if devmod.apex_amp() is not None else " (apex is not installed)"))
+        if "opt_level" in given:
+            notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
+                cfg.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
+    return cfg.replace(amp_impl=impl, loss_scale=loss_scale, notes=cfg.notes + tuple(notes))
+
+
+def _check_apex(cfg, kind):
+    """Fail early (before any process starts) on an impossible apex combination."""
+    if devmod.apex_amp() is None:
+        raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
+                         "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
+    if not devmod.supports_apex(kind):
+        raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
+    if cfg.amp_dtype == "bfloat16":
+        raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")
 
 
 def resolve(cfg, device):
@@ -54,7 +91,8 @@ def resolve(cfg, device):
     if not cfg.amp:
         return Precision(cfg.amp_dtype, "none", None, None)
     if cfg.amp_impl == "apex":
-        return Precision(cfg.amp_dtype, "apex", torch.float16, cfg.loss_scale, cfg.opt_level)
+        return Precision(cfg.amp_dtype, "apex", torch.float16, cfg.loss_scale, cfg.opt_level,
+                         combine_ddp=cfg.combine_ddp and cfg.world_size != 1)
     dtype, note = device.resolve_amp_dtype(cfg.amp_dtype)
     if dtype != torch.float16 and cfg.loss_scale is not None:
         extra = "{} needs no loss scaling: --loss-scale {:g} is not used".format(
@@ -136,29 +174,39 @@ class OptimizerStep:
     def loss_scale(self):
         return None
 
-    # -- checkpoint: "optimizer" and "amp" entries
-    def state_dict(self):
-        return {"impl": self.precision.impl, "dtype": self.precision.dtype_name,
-                "overflow_steps": self.overflow_steps()}
+    # -- checkpoint entries. The Ascend guide's main.py saves "optimizer" and, for apex runs, "amp" as
+    # amp.state_dict() (and resumes with amp.load_state_dict(checkpoint['amp'])): the same keys here, so
+    # either side reads the other's files. This project adds "precision" (how the run computed) and, for
+    # torch's GradScaler, "scaler".
+    def checkpoint_entries(self):
+        return {"optimizer": self.optimizer.state_dict(),
+                "precision": {"impl": self.precision.impl, "dtype": self.precision.dtype_name,
+                              "overflow_steps": self.overflow_steps()}}
 
-    def load_state_dict(self, optimizer_state, amp_state, log):
-        if optimizer_state:
-            self.optimizer.load_state_dict(optimizer_state)
+    def restore(self, ckpt, log):
+        """Optimizer and loss-scaler state from a checkpoint dict (this project's, an older one of ours
+        whose "amp" entry held everything, or the Ascend guide's / pytorch/examples')."""
+        if ckpt.get("optimizer"):
+            self.optimizer.load_state_dict(ckpt["optimizer"])
             if self.optimizer.defaults.get("fused"):
                 devmod.zero_momentum_buffers(self.optimizer)  # a checkpoint saved before any step
-        if not amp_state:
+        meta, scaler, apex_state = _scaler_entries(ckpt)
+        if meta is None and scaler is None and apex_state is None:
             return
-        theirs = (amp_state.get("impl"), amp_state.get("dtype", self.precision.dtype_name))
         mine = (self.precision.impl, self.precision.dtype_name)
+        if meta is not None:
+            theirs = (meta.get("impl"), meta.get("dtype", self.precision.dtype_name))
+        else:  # the guide's checkpoint: an "amp" entry is apex's
+            theirs = ("apex", "float16") if apex_state is not None else (None, None)
         if theirs != mine:
-            log("note: the checkpoint's mixed precision was '{} {}', this run uses '{} {}': its scaler state is "
-                "not restored".format(theirs[0], theirs[1], mine[0], mine[1]))
+            log("note: the checkpoint's mixed precision was '{} {}', this run uses '{} {}': its loss-scaler state "
+                "is not restored".format(theirs[0], theirs[1], mine[0], mine[1]))
             return
-        self._load_scaler(amp_state)
-        self._host_overflows = int(amp_state.get("overflow_steps", 0))
+        self._load_scaler(scaler, apex_state)
+        self._host_overflows = int((meta or {}).get("overflow_steps", 0))
         self._overflows = None
 
-    def _load_scaler(self, amp_state):
+    def _load_scaler(self, scaler, apex_state):
         pass
 
     def describe(self):
@@ -204,14 +252,14 @@ class ScaledStep(OptimizerStep):
     def loss_scale(self):
         return float(self.scaler.get_scale())
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["scaler"] = self.scaler.state_dict()
-        return state
+    def checkpoint_entries(self):
+        entries = super().checkpoint_entries()
+        entries["scaler"] = self.scaler.state_dict()
+        return entries
 
-    def _load_scaler(self, amp_state):
-        if amp_state.get("scaler"):
-            sd = dict(amp_state["scaler"])
+    def _load_scaler(self, scaler, apex_state):
+        if scaler:
+            sd = dict(scaler)
             if "dynamic" in sd:
                 sd["dynamic"] = True  # the overflow check stays on (see the class docstring)
             self.scaler.load_state_dict(sd)
@@ -244,6 +292,8 @@ class ApexStep(OptimizerStep):
                 kwargs["loss_scale"] = scale
         if "combine_grad" in params:
             kwargs["combine_grad"] = True
+        if self.precision.combine_ddp:
+            kwargs["combine_ddp"] = True
         model, self.optimizer = self.amp.initialize(model, self.optimizer, **kwargs)
         return model
 
@@ -261,14 +311,22 @@ class ApexStep(OptimizerStep):
         scalers = getattr(getattr(self.amp, "_amp_state", None), "loss_scalers", None)
         return float(scalers[0].loss_scale()) if scalers else None
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["amp"] = self.amp.state_dict()
-        return state
+    def checkpoint_entries(self):
+        entries = super().checkpoint_entries()
+        entries["amp"] = self.amp.state_dict()
+        return entries
 
-    def _load_scaler(self, amp_state):
-        if amp_state.get("amp"):
-            self.amp.load_state_dict(amp_state["amp"])
+    def _load_scaler(self, scaler, apex_state):
+        if apex_state:
+            self.amp.load_state_dict(apex_state)
+
+
+def _scaler_entries(ckpt):
+    """(precision metadata, GradScaler state, apex amp state) of a checkpoint, each or None."""
+    amp_entry = ckpt.get("amp")
+    if isinstance(amp_entry, dict) and "impl" in amp_entry:  # this project's format 1: all in "amp"
+        return amp_entry, amp_entry.get("scaler"), amp_entry.get("amp")
+    return ckpt.get("precision"), ckpt.get("scaler"), (amp_entry or None)
 
 
 def _found_inf(scaler, optimizer):

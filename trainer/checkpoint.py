@@ -20,7 +20,7 @@ from trainer.errors import UsageError
 
 CHECKPOINT = "checkpoint.pth.tar"
 BEST = "model_best.pth.tar"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: apex's amp.state_dict() under "amp" (the Ascend guide's key), "precision", "scaler"
 
 
 def _fsync_dir(path):
@@ -160,7 +160,8 @@ def load_training_checkpoint(path, arch):
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "epoch" not in ckpt:
         raise UsageError("'{}' is a weights file, not a training checkpoint (no epoch/optimizer state); "
                          "use --pretrained for weights".format(path))
-    if ckpt.get("arch") not in (None, arch):
+    import models
+    if ckpt.get("arch") is not None and not models.same_weights(ckpt["arch"], arch):
         raise UsageError("'{}' is a checkpoint of --arch {}, not {}".format(path, ckpt.get("arch"), arch))
     return ckpt
 

@@ -11,18 +11,20 @@ import os
 import re
 from typing import Optional, Tuple
 
-from trainer.device import KINDS
+from trainer.device import KIND_ALIASES, KINDS, canonical_kind
 from trainer.cli import UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
 from trainer.errors import UsageError
 
-DEVICES = ("auto",) + KINDS
+DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
 OPT_LEVELS = ("O1", "O2")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     data: Optional[str]
-    arch: str
+    arch: str  # as given (checkpoints and summaries name it)
+    model: str  # the network built: --arch, or this project's variant of it (models.resolve)
+    model_impl: str
     workers: int
     epochs: int
     start_epoch: int
@@ -39,7 +41,7 @@ class Config:
     device: str
     device_index: Optional[int]
     amp: bool
-    amp_impl: str
+    amp_impl: str  # auto | native | apex (auto is settled once the device is known: trainer/amp.py settle)
     amp_dtype: str
     opt_level: str
     loss_scale: Optional[float]  # None = dynamic
@@ -78,7 +80,9 @@ class Config:
     sync_bn: bool
     broadcast_buffers: bool
     dist_timeout: float
-    notes: Tuple[str, ...] = ()  # how a recipe was adapted (logged at the start of the run)
+    combine_ddp: bool = False
+    explicit: Tuple[str, ...] = ()  # the flags given on the command line (their argparse dests)
+    notes: Tuple[str, ...] = ()  # how the command line was adapted (logged at the start of the run)
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -134,7 +138,8 @@ def build_parser():
                    help="data set: an ImageNet-style folder with train/ and val/ (or tiny-imagenet-200)")
     g.add_argument("--data", dest="data_opt", default=None, metavar="DIR", help="same as DIR")
     g.add_argument("-a", "--arch", default="resnet50", metavar="ARCH",
-                   help="model architecture (see --list-models)")
+                   help="model architecture (see --list-models); shufflenet_v2_x* builds this project's "
+                        "numerically identical, faster shufflenet_v2_x*_npu unless --model-impl torchvision")
     g.add_argument("-j", "--workers", type=number(int, 0), default=4,
                    help="data loading workers per process")
     g.add_argument("--epochs", type=number(int, 1), default=90, help="total epochs to run")
@@ -161,19 +166,29 @@ def build_parser():
 
     d = p.add_argument_group("device and precision")
     d.add_argument("--device", choices=DEVICES, default="auto",
-                   help="auto: npu if torch_npu sees one, else cuda, else cpu")
+                   help="auto: npu if torch_npu sees one, else cuda, else cpu; gpu is cuda")
+    d.add_argument("--model-impl", choices=("auto", "torchvision"), default="auto",
+                   help="auto: this project's variant of --arch where one exists (shufflenet_v2_x*_npu: "
+                        "same weights and outputs, faster); torchvision: torchvision's own network")
     d.add_argument("--amp", action="store_true",
                    help="mixed precision in --amp-dtype; float16 steps with inf/NaN gradients are skipped")
     d.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
                    help="auto: bfloat16 (no loss scaling) on GPUs with native bfloat16, float16 + loss scaler "
                         "on older GPUs and on NPU, bfloat16 on CPUs with native bfloat16 and float32 on other "
                         "CPUs (where bfloat16 is many times slower), with a note")
-    d.add_argument("--amp-impl", choices=("native", "apex"), default="native",
-                   help="native autocast + GradScaler, or (NVIDIA/Ascend) apex.amp")
+    d.add_argument("--amp-impl", choices=("auto", "native", "apex"), default="auto",
+                   help="auto: Ascend apex.amp on NPU where it is installed (the Ascend guide's way), native "
+                        "autocast + GradScaler otherwise; native; apex (NVIDIA or Ascend apex.amp)")
     d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
                    help="apex opt level, O1 or O2 (apex only)")
     d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,
-                   default=None, metavar="N|dynamic", help="static loss scale, or dynamic (default)")
+                   default=None, metavar="N|dynamic",
+                   help="float16 loss scale: a number is held fixed (steps with inf/NaN gradients are still "
+                        "skipped), dynamic adapts it; default dynamic, except apex on NPU: 1024 (the Ascend "
+                        "guide's default)")
+    d.add_argument("--combine-ddp", action="store_true",
+                   help="Ascend apex: all-reduce combined gradients inside apex (amp.initialize(combine_ddp="
+                        "True)) instead of torch's DistributedDataParallel")
     d.add_argument("--channels-last", action="store_true", help="NHWC memory format")
 
     t = p.add_argument_group("recipe")
@@ -246,6 +261,16 @@ def _explicit_dests(argv):
     return {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
 
 
+def _normalise_device_list(ids):
+    """The Ascend guide maps process i to the i-th smallest device id (its device_id_to_process_device_map
+    sorts the list): the same order here, on every device kind. Returns (ids, note or None)."""
+    if ids is None or list(ids) == sorted(ids):
+        return ids, None
+    ordered = tuple(sorted(ids))
+    return ordered, "--device-list {} taken in ascending order {}: process i uses the i-th smallest id".format(
+        ",".join(map(str, ids)), ",".join(map(str, ordered)))
+
+
 def parse_config(argv=None, env=None):
     """Parse and validate; raise UsageError (one line) on bad input."""
     from trainer import recipes
@@ -256,17 +281,21 @@ def parse_config(argv=None, env=None):
     if ns.list_models:
         return None, ns
     notes = ()
+    explicit = _explicit_dests(argv)
     if ns.recipe is not None:
         from trainer import distributed
-        explicit = _explicit_dests(argv)
         given = {k: getattr(ns, k) for k in recipes.SCALED if k in explicit}
         values, notes = recipes.flag_defaults(ns.recipe, distributed.process_count(ns, env), given)
         parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
         ns = parser.parse_args(argv)
-    return validate(ns, env, tuple(notes)), ns
+    return validate(ns, env, tuple(notes), explicit), ns
 
 
-def validate(ns, env, notes=()):
+def validate(ns, env, notes=(), explicit=()):
+    import models
+    device_list, order_note = _normalise_device_list(ns.device_list)
+    if order_note:
+        notes = notes + (order_note,)
     if ns.data and ns.data_opt and os.path.abspath(ns.data) != os.path.abspath(ns.data_opt):
         raise UsageError("DIR '{}' and --data '{}' disagree: give the data set once".format(ns.data, ns.data_opt))
     data = ns.data or ns.data_opt
@@ -287,6 +316,17 @@ def validate(ns, env, notes=()):
         raise UsageError("--start-epoch {} leaves nothing to train with --epochs {}".format(ns.start_epoch, ns.epochs))
     if ns.amp_impl == "apex" and not ns.amp:
         raise UsageError("--amp-impl apex needs --amp")
+    if ns.combine_ddp and not ns.amp:
+        raise UsageError("--combine-ddp is an option of apex.amp: it needs --amp (with Ascend apex)")
+    model = models.resolve(ns.arch, ns.model_impl)
+    if ns.model_impl == "torchvision" and ns.arch in models.VARIANTS.values():
+        base = [k for k, v in models.VARIANTS.items() if v == ns.arch][0]
+        raise UsageError("--model-impl torchvision with -a {}: that is this project's variant; use -a {} for "
+                         "torchvision's network".format(ns.arch, base))
+    if model != ns.arch:
+        notes = notes + ("-a {} builds {}: the same network and weights with the channel shuffle as one copy "
+                         "(faster on NPU and CUDA); --model-impl torchvision for torchvision's own".format(
+                             ns.arch, model),)
     if ns.amp_dtype != "auto" and not ns.amp:
         raise UsageError("--amp-dtype {} needs --amp".format(ns.amp_dtype))
     if ns.evaluate and not ns.validate:
@@ -299,10 +339,10 @@ def validate(ns, env, notes=()):
     from trainer import distributed
     dist = distributed.resolve_launch(ns, env)
     return Config(
-        data=data, arch=ns.arch, workers=ns.workers, epochs=ns.epochs, start_epoch=ns.start_epoch,
+        data=data, arch=ns.arch, model=model, model_impl=ns.model_impl, workers=ns.workers, epochs=ns.epochs, start_epoch=ns.start_epoch,
         batch_size=ns.batch_size, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
         print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, pretrained=ns.pretrained,
-        seed=ns.seed, dummy=ns.dummy, device=ns.device, device_index=ns.gpu, amp=ns.amp,
+        seed=ns.seed, dummy=ns.dummy, device=canonical_kind(ns.device), device_index=ns.gpu, amp=ns.amp,
         amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
         label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
         train_crop_size=ns.train_crop_size, crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
@@ -313,7 +353,7 @@ def validate(ns, env, notes=()):
         launch=dist["launch"], world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
         node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"], dist_url=dist["dist_url"],
         dist_backend=ns.dist_backend, multiprocessing_distributed=ns.multiprocessing_distributed,
-        device_list=ns.device_list, addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
+        device_list=device_list, addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
         sync_bn=ns.sync_bn, broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout),
-        notes=notes,
+        combine_ddp=ns.combine_ddp, explicit=tuple(sorted(explicit)), notes=notes,
     )

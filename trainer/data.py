@@ -273,7 +273,7 @@ class SyntheticLoader:
         g = torch.Generator().manual_seed(0)
         self.images = device.move(torch.randint(0, 256, (batch, 3, image_size, image_size),
                                                 generator=g, dtype=torch.uint8))
-        self.target = device.move(torch.randint(0, num_classes, (batch,), generator=g))
+        self.target = device.move(torch.randint(0, num_classes, (batch,), generator=g).to(device.target_dtype))
         self.steps = steps
         self.with_mask = with_mask
         self.last_valid = valid  # number of valid images in the last batch (validation)

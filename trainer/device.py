@@ -82,6 +82,7 @@ def count(kind):
 
 def resolve_kind(requested):
     """``auto`` -> npu if torch_npu sees one, else cuda, else cpu; others are checked."""
+    requested = canonical_kind(requested)
     if requested == "auto":
         for kind in ("npu", "cuda"):
             if count(kind) > 0:
@@ -99,6 +100,43 @@ def resolve_kind(requested):
         raise UsageError("--device cuda: torch {} sees no CUDA device (CPU-only build, or no driver); "
                          "pick --device cpu".format(torch.__version__))
     return requested
+
+
+KIND_ALIASES = {"gpu": "cuda"}  # the Ascend guide's parser: --device "npu or gpu"
+
+
+def canonical_kind(name):
+    """``gpu`` -> ``cuda``; other names unchanged."""
+    return KIND_ALIASES.get(name, name)
+
+
+def rendezvous_schemes(kind):
+    """The init_method schemes a process group of ``kind`` may use. The Ascend guide: on NPU the
+    process group is initialised from environment variables only (init_method env://)."""
+    return ("env://",) if kind == "npu" else ("env://", "tcp://", "file://")
+
+
+def supported_devices_per_node(kind):
+    """Device counts per node the collectives support (the Ascend guide: 1, 2, 4 or 8 NPUs), or None."""
+    return (1, 2, 4, 8) if kind == "npu" else None
+
+
+def default_amp_impl(kind):
+    """What ``--amp`` means when ``--amp-impl`` is not given: on NPU the Ascend guide's apex.amp where
+    Ascend apex is installed (torch_npu's native autocast otherwise); native autocast elsewhere."""
+    return "apex" if kind == "npu" and apex_amp() is not None else "native"
+
+
+def default_apex_loss_scale(kind):
+    """apex's loss scale when ``--loss-scale`` is not given: the Ascend guide's parser default (static
+    1024) on NPU; dynamic (None) elsewhere, as NVIDIA apex does."""
+    return 1024.0 if kind == "npu" else None
+
+
+def apex_supports(option):
+    """Whether the installed apex.amp.initialize takes ``option`` (e.g. combine_ddp: Ascend apex only)."""
+    amp = apex_amp()
+    return amp is not None and option in inspect.signature(amp.initialize).parameters
 
 
 def has_device_ids(kind):

@@ -44,6 +44,18 @@ def process_count(ns, env):
 
 
 def _place(ns, env):
+    """The launch table (README "How processes find each other"), first match wins:
+
+    torchrun / torch.distributed.launch  RANK + WORLD_SIZE (+ LOCAL_RANK or --local_rank)
+    the ModelZoo shell loop              RANK_SIZE + RANK_ID (+ LOCAL_RANK)
+    a shell loop with spawn's flags      LOCAL_RANK + --multiprocessing-distributed (the Ascend guide's loop:
+                                         this process is one of the node's ranks; nothing is spawned)
+    spawn                                --multiprocessing-distributed
+    one node, rank = local rank          WORLD_SIZE + LOCAL_RANK or --local_rank, no RANK (the 910B guide's
+                                         train.sh)
+    flags                                --world-size N --rank R
+    single                               none of these
+    """
     addr = ns.addr or env.get("MASTER_ADDR") or "127.0.0.1"
     port = ns.port if ns.port is not None else (
         _env_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_PORT)
@@ -53,25 +65,45 @@ def _place(ns, env):
     if not url.startswith(("env://", "tcp://", "file://")):
         raise UsageError("--dist-url must be env://, tcp://HOST:PORT or file://PATH, got '{}'".format(url))
     local_rank = ns.local_rank
-    if local_rank is None and env.get("LOCAL_RANK"):
-        local_rank = _env_int(env, "LOCAL_RANK")
+    if env.get("LOCAL_RANK"):
+        from_env = _env_int(env, "LOCAL_RANK")
+        if local_rank is not None and local_rank != from_env:
+            raise UsageError("--local_rank {} and LOCAL_RANK={} disagree: set one of them".format(local_rank, from_env))
+        local_rank = from_env
+    if local_rank is not None and local_rank < 0:
+        local_rank = None  # torch.distributed.launch's "not set" (-1)
     torchrun = "RANK" in env and "WORLD_SIZE" in env
     shell_loop = "RANK_SIZE" in env
+    env_world = _env_int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") and not torchrun else None
     out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
            "nodes": 1, "node_rank": 0, "procs_per_node": 1}
+    if ns.multiprocessing_distributed and (torchrun or shell_loop):
+        raise UsageError("--multiprocessing-distributed under {}: the launcher already starts one process per "
+                         "device; drop the flag".format("torchrun" if torchrun else "RANK_SIZE/RANK_ID"))
     if ns.multiprocessing_distributed:
-        if torchrun:
-            raise UsageError("--multiprocessing-distributed under torchrun: torchrun already starts one "
-                             "process per device; drop the flag")
         nodes = ns.world_size if ns.world_size > 0 else 1
         node_rank = ns.rank if ns.rank >= 0 else 0
         if node_rank >= nodes:
             raise UsageError("--rank {} (node rank) must be below --world-size {} (nodes)".format(node_rank, nodes))
-        if nodes > 1 and port == 0:
-            raise UsageError("--port 0 (pick a free port) works on one node only; give all nodes the same --port")
-        procs = len(ns.device_list) if ns.device_list else None
-        out.update(launch="spawn", nodes=nodes, node_rank=node_rank, procs_per_node=procs or 0,
-                   world_size=nodes * procs if procs else 0, rank=node_rank * (procs or 0))
+        if local_rank is not None:  # one rank of a shell loop: count the node's processes, spawn nothing
+            per_node = len(ns.device_list) if ns.device_list else devmod.count(devmod.resolve_kind(ns.device))
+            world = env_world if env_world else nodes * per_node
+            if not 0 <= local_rank < per_node:
+                raise UsageError("LOCAL_RANK {} with --multiprocessing-distributed: this node has {} process slot(s) "
+                                 "(--device-list or its visible devices); start local ranks 0..{}".format(
+                                     local_rank, per_node, per_node - 1))
+            rank = node_rank * per_node + local_rank
+            if world != nodes * per_node or rank >= world:
+                raise UsageError("WORLD_SIZE={} does not match {} node(s) x {} device(s): export the total number "
+                                 "of processes, or unset it".format(world, nodes, per_node))
+            out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank, nodes=nodes,
+                       node_rank=node_rank, procs_per_node=per_node)
+        else:
+            if nodes > 1 and port == 0:
+                raise UsageError("--port 0 (pick a free port) works on one node only; give all nodes the same --port")
+            procs = len(ns.device_list) if ns.device_list else None
+            out.update(launch="spawn", nodes=nodes, node_rank=node_rank, procs_per_node=procs or 0,
+                       world_size=nodes * procs if procs else 0, rank=node_rank * (procs or 0))
     elif torchrun or shell_loop:
         if torchrun:
             world, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
@@ -89,6 +121,19 @@ def _place(ns, env):
         out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
                    local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
                    node_rank=rank // per_node)
+    elif env_world is not None and env_world > 1 and ns.rank < 0:
+        if local_rank is None:
+            raise UsageError("WORLD_SIZE={} is set but nothing says which process this is: export RANK (and "
+                             "LOCAL_RANK) per process, LOCAL_RANK alone on one node, or use torchrun; unset "
+                             "WORLD_SIZE for a single-process run".format(env_world))
+        if not 0 <= local_rank < env_world:
+            raise UsageError("LOCAL_RANK {} is outside WORLD_SIZE={} (one node: local ranks 0..{})".format(
+                local_rank, env_world, env_world - 1))
+        if ns.world_size > 0 and ns.world_size != env_world:
+            raise UsageError("--world-size {} and WORLD_SIZE={} disagree: set one of them".format(
+                ns.world_size, env_world))
+        out.update(launch="process", world_size=env_world, rank=local_rank, local_rank=local_rank,
+                   procs_per_node=env_world, nodes=1, node_rank=0)
     elif ns.world_size > 1 or ns.rank >= 0:
         world = ns.world_size
         if world < 1 or not 0 <= ns.rank < world:
@@ -102,6 +147,21 @@ def _place(ns, env):
     if out["launch"] != "single" and ns.gpu is not None:
         raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
     return out
+
+
+def check_launch(cfg, kind):
+    """Before any process starts: the rendezvous and the device count suit ``kind``. Returns notes."""
+    schemes = devmod.rendezvous_schemes(kind)
+    if cfg.world_size != 1 and not cfg.dist_url.startswith(schemes):
+        raise UsageError("--dist-url {}: {} processes start their group from environment variables only "
+                         "(init_method env://, as the Ascend guide says); drop --dist-url and give the master as "
+                         "--addr HOST --port PORT".format(cfg.dist_url, kind.upper()))
+    allowed = devmod.supported_devices_per_node(kind)
+    per_node = cfg.procs_per_node or (len(cfg.device_list) if cfg.device_list else devmod.count(kind))
+    if allowed and cfg.world_size != 1 and per_node not in allowed:
+        return ("{} device(s) per node: the Ascend guide supports only {} {}s per node for collective "
+                "communication; expect the collectives to fail".format(per_node, "/".join(map(str, allowed)), kind.upper()),)
+    return ()
 
 
 def device_index(cfg):

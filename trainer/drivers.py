@@ -272,6 +272,11 @@ def resolve(a, mode, scale, script, env):
     if os.path.exists(p.output_dir) and not os.path.isdir(p.output_dir):
         raise UsageError("--output_dir '{}' is a file, not a folder".format(p.output_dir))
     p.output_action = "new"
+    from trainer import lock
+    busy = lock.holder(p.output_dir) if os.path.isdir(p.output_dir) else None
+    if busy:
+        raise UsageError("--output_dir '{}' is in use by {}: wait for it to finish or stop it, or choose another "
+                         "--output_dir".format(p.output_dir, busy))
     if os.path.isdir(p.output_dir) and os.listdir(p.output_dir):
         if a.resume and (a.resume == "auto" or _within(os.path.realpath(a.resume), p.output_dir)):
             p.output_action = "keep"

@@ -34,7 +34,8 @@ class Engine:
         return self.device.autocast(self.precision.dtype if self.precision.impl == "native" else None)
 
     def _targets(self, target):
-        return self.device.move(target).to(self.device.target_dtype)
+        # cast on the host, then copy (the Ascend guide's order: no cast op on the device per step)
+        return self.device.move(target.to(self.device.target_dtype))
 
     def _reduce(self, t):
         return self.dist.all_reduce_sum(t)

@@ -16,7 +16,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, cli, data, distributed, metrics, summary
+from trainer import checkpoint, cli, data, distributed, lock, metrics, summary
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -28,11 +28,13 @@ RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
 
 
 def preflight(cfg):
-    """Cheap checks in the launching process; returns the resolved device kind."""
+    """Cheap checks in the launching process; returns ``cfg`` settled for its device (the kind resolved,
+    --amp-impl auto decided, notes added)."""
     cli.check_arch(cfg.arch)
     kind = resolve_kind(cfg.device)
     distributed.check_devices(cfg, kind)
-    ampmod.check(cfg, kind)
+    cfg = ampmod.settle(cfg.replace(device=kind), kind)
+    cfg = cfg.replace(notes=cfg.notes + distributed.check_launch(cfg, kind))
     if cfg.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.dummy:
@@ -47,22 +49,48 @@ def preflight(cfg):
             checkpoint.load_training_checkpoint(resume, cfg.arch)
     if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(cfg.output_dir))
-    if not cfg.evaluate and cfg.resume is None and cfg.rank == 0:  # rank 0 owns the folder
-        held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.output_dir, f))]
-        if held:
-            raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
-                             "or choose another --output-dir".format(cfg.output_dir, ", ".join(held)))
-    return kind
+    return cfg
+
+
+def owns_folder(cfg):
+    """Whether this process holds --output-dir for the job: the one that starts rank 0 (a training run)."""
+    first = cfg.node_rank == 0 if cfg.launch == "spawn" else cfg.rank == 0
+    return first and not cfg.evaluate
+
+
+def take_folder(cfg):
+    """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
+    without one. Returns (lock, cfg with a note when a stale lock was taken over)."""
+    held_lock = lock.RunLock(cfg.output_dir).acquire()
+    try:
+        if cfg.resume is None:
+            held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.output_dir, f))]
+            if held:
+                raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
+                                 "or choose another --output-dir".format(cfg.output_dir, ", ".join(held)))
+    except BaseException:
+        held_lock.release()
+        raise
+    if held_lock.taken_over:
+        cfg = cfg.replace(notes=cfg.notes + ("took over the lock of {}, which is no longer running".format(
+            held_lock.taken_over),))
+    return held_lock, cfg
 
 
 def run(cfg):
     """Entry point after parsing: returns the process exit code."""
-    kind = preflight(cfg)
-    cfg = cfg.replace(device=kind)  # resolved once, here
-    if cfg.launch == "spawn":
-        checkpoint.release()  # the ranks load for themselves
-        return distributed.spawn(cfg, kind, worker)
-    return worker(cfg)
+    cfg = preflight(cfg)
+    held_lock = None
+    if owns_folder(cfg):
+        held_lock, cfg = take_folder(cfg)
+    try:
+        if cfg.launch == "spawn":
+            checkpoint.release()  # the ranks load for themselves
+            return distributed.spawn(cfg, cfg.device, worker)
+        return worker(cfg)
+    finally:
+        if held_lock is not None:
+            held_lock.release()
 
 
 def worker(cfg):
@@ -166,7 +194,7 @@ def build(cfg, device, dist, log, rs):
                              "--epochs to continue)".format(resume_path, ckpt["epoch"], cfg.epochs))
         start_epoch, best_acc1 = _restore(cfg, ckpt, model, step, device, log, resume_path)
     model_for_eval = model
-    if dist.active:
+    if dist.active and not precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
         model = device.ddp(model, cfg.broadcast_buffers)
     steps = len(train_loader)
     if cfg.max_steps_per_epoch:
@@ -185,7 +213,7 @@ def build(cfg, device, dist, log, rs):
 def build_model(cfg, num_classes, device, world):
     kwargs = {"zero_init_residual": True} if cfg.zero_init_residual else {}
     try:
-        model = models.get_model(cfg.arch, num_classes=num_classes, **kwargs)
+        model = models.get_model(cfg.model, num_classes=num_classes, **kwargs)
     except TypeError as exc:
         raise UsageError("--arch {} does not take this option ({}); --zero-init-residual is for ResNets".format(
             cfg.arch, str(exc).splitlines()[0]))
@@ -257,16 +285,16 @@ def train(job):
 
 
 def _checkpoint_state(job, done, best_acc1):
-    amp_state = job.step.state_dict()
-    return {
+    state = {
         "format_version": checkpoint.FORMAT_VERSION, "epoch": done, "arch": job.cfg.arch,
-        "num_classes": job.num_classes, "classes": job.info.classes,
+        "model": job.cfg.model, "num_classes": job.num_classes, "classes": job.info.classes,
         "state_dict": _unwrap(job.model_for_eval).state_dict(),
         "best_acc1": float(best_acc1) if best_acc1 is not None else None,
-        "optimizer": job.step.optimizer.state_dict(), "lr_schedule": job.schedule.state_dict(),
-        "amp": amp_state, "rng": checkpoint.rng_states(job.device), "seed": job.seed,
+        "lr_schedule": job.schedule.state_dict(), "rng": checkpoint.rng_states(job.device), "seed": job.seed,
         "config": job.cfg.as_dict(),
     }
+    state.update(job.step.checkpoint_entries())  # optimizer, precision, and scaler or apex's amp
+    return state
 
 
 def _record(job, totals, last_val=None, **fields):
@@ -330,7 +358,7 @@ def _unwrap(model):
 
 def _restore(cfg, ckpt, model, step, device, log, path):
     _unwrap(model).load_state_dict(checkpoint.strip_module(ckpt["state_dict"]))
-    step.load_state_dict(ckpt.get("optimizer"), ckpt.get("amp"), log)
+    step.restore(ckpt, log)
     checkpoint.restore_rng(ckpt.get("rng"), device)
     saved = ckpt.get("lr_schedule") or {}
     mine = {"lr": cfg.lr, "kind": cfg.lr_schedule, "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs}

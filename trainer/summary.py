@@ -19,7 +19,7 @@ class RunSummary:
         self.t0 = time.time()
         self.started = False  # until the run starts, a failure leaves an existing summary alone
         self.data = {
-            "status": "running", "error": None, "arch": cfg.arch, "device": None,
+            "status": "running", "error": None, "arch": cfg.arch, "model": cfg.model, "device": None,
             "world_size": cfg.world_size, "global_batch_size": cfg.batch_size,
             "per_device_batch_size": None, "lr": cfg.lr, "epochs": cfg.epochs,
             "epochs_completed": 0, "steps_per_epoch": None, "train_fps": None,
