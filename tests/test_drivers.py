@@ -644,3 +644,22 @@ def test_driver_and_main_recipe_resolve_alike_and_train_the_same_weights(imagene
     wa = torch.load(str(drv_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
     wb = torch.load(str(main_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
     assert wa and set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.timeout(120)
+def test_driver_refuses_to_move_aside_a_folder_a_run_holds(shapes, tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "train_0.log").write_text("an earlier run\n")
+    holder = subprocess.Popen([PY, "-c", "import sys, time; from trainer.lock import RunLock; "
+                               "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        proc = run_driver("train_performance_1p.sh", ["--data_path=" + shapes, "--output_dir=" + str(out)],
+                          timeout=90)
+        assert_one_line_error(proc, "--output_dir '{}' is in use by the run of pid {}".format(out, holder.pid))
+        assert sorted(os.listdir(str(out))) == ["run.lock", "train_0.log"]  # nothing moved, nothing written
+    finally:
+        holder.kill()
+        holder.wait()
