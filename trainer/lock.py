@@ -85,9 +85,16 @@ class RunLock:
         return False
 
     def acquire(self):
-        if not os.path.isdir(self.folder):
-            os.makedirs(self.folder, exist_ok=True)
-            self._made_folder = True
+        try:
+            if not os.path.isdir(self.folder):
+                os.makedirs(self.folder, exist_ok=True)
+                self._made_folder = True
+            return self._acquire()
+        except OSError as exc:
+            raise UsageError("--output-dir '{}' cannot be written ({}): choose a folder you can write to".format(
+                self.folder, exc.strerror or exc))
+
+    def _acquire(self):
         for _ in range(20):  # retried when a holder removed the file between our open and our lock
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
