@@ -34,6 +34,7 @@ demo: install
 	$(PY) main.py demo_data -a shufflenet_v2_x0_5_npu --epochs 10 --eval-freq 5 -b 16 --lr 0.1 \
 		--warmup-epochs 1 --lr-schedule cosine --wd 4e-5 -j 2 --train-crop-size 56 --val-resize-size 64 \
 		--val-crop-size 56 --crop-scale-min 0.35 --seed 0 -p 50 --output-dir demo_output/$$(date +%Y%m%d-%H%M%S)
+	@last=$$(ls -d demo_output/*/ | tail -n 1); $(PY) tools/plot_runs.py $$last -o $${last}curves.png --force
 
 clean-demo:
 	rm -rf demo_data demo_output

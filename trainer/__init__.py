@@ -8,5 +8,5 @@ checkpoint  atomic save, load, CheckpointSaver      metrics   meters, accuracy, 
 summary     summary.json                            schedule  the LR as a function of the position
 profiling   --profile-steps                         run       run -> worker -> build -> train
 drivers     the ModelZoo shell drivers' Python      cli, errors  one-line errors, exit code 2
-lock        one writer per --output-dir (run.lock)
+lock        one writer per --output-dir (run.lock)   observe   TensorBoard, metrics.jsonl, progress bar
 """

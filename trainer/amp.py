@@ -174,6 +174,11 @@ class OptimizerStep:
     def loss_scale(self):
         return None
 
+    def live_scalars(self):
+        """{"loss_scale", "overflow_steps"} as device scalars or numbers, for the engine to read together with
+        its meters at a print step (reading them alone would sync the device); {} without loss scaling."""
+        return {}
+
     # -- checkpoint entries. The Ascend guide's main.py saves "optimizer" and, for apex runs, "amp" as
     # amp.state_dict() (and resumes with amp.load_state_dict(checkpoint['amp'])): the same keys here, so
     # either side reads the other's files. This project adds "precision" (how the run computed) and, for
@@ -252,6 +257,13 @@ class ScaledStep(OptimizerStep):
     def loss_scale(self):
         return float(self.scaler.get_scale())
 
+    def live_scalars(self):
+        scale = getattr(self.scaler, "_scale", None)  # the scaler's device tensor (torch and torch_npu)
+        out = {"loss_scale": scale} if torch.is_tensor(scale) else {}
+        out["overflow_steps"] = self._host_overflows if self._overflows is None else \
+            self._overflows + self._host_overflows
+        return out
+
     def checkpoint_entries(self):
         entries = super().checkpoint_entries()
         entries["scaler"] = self.scaler.state_dict()
@@ -310,6 +322,9 @@ class ApexStep(OptimizerStep):
     def loss_scale(self):
         scalers = getattr(getattr(self.amp, "_amp_state", None), "loss_scalers", None)
         return float(scalers[0].loss_scale()) if scalers else None
+
+    def live_scalars(self):
+        return {"loss_scale": self.loss_scale(), "overflow_steps": self._host_overflows}  # apex keeps them on the host
 
     def checkpoint_entries(self):
         entries = super().checkpoint_entries()

@@ -63,6 +63,8 @@ class Config:
     recipe: Optional[str]
     profile_steps: Optional[Tuple[int, int]]
     profile_stop: bool
+    progress: str  # auto | bar | lines
+    tensorboard_dir: Optional[str]  # None: no TensorBoard
     # distributed (see trainer/distributed.py)
     launch: str  # single | spawn | process
     world_size: int  # total processes (spawn: known once the devices are counted)
@@ -225,6 +227,13 @@ def build_parser():
                    help="record global steps START..END-1 with the profiler into --output-dir")
     o.add_argument("--profile-stop", action="store_true",
                    help="stop the run after the profiled steps")
+    o.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
+                   help="auto: a live bar per epoch (tqdm) when stdout is a terminal, pytorch/examples' lines "
+                        "otherwise")
+    o.add_argument("--tensorboard-dir", default=None, metavar="DIR",
+                   help="TensorBoard event files (default: --output-dir/tensorboard)")
+    o.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                   help="write no TensorBoard event files")
     o.add_argument("--list-models", action="store_true", help="print the model names and exit")
 
     m = p.add_argument_group("distributed")
@@ -331,6 +340,8 @@ def validate(ns, env, notes=(), explicit=()):
         raise UsageError("--amp-dtype {} needs --amp".format(ns.amp_dtype))
     if ns.evaluate and not ns.validate:
         raise UsageError("--evaluate with --no-validate has nothing to do")
+    if not ns.tensorboard and ns.tensorboard_dir is not None:
+        raise UsageError("--tensorboard-dir and --no-tensorboard contradict each other: give one")
     if ns.profile_stop and ns.profile_steps is None:
         raise UsageError("--profile-stop needs --profile-steps START:END")
     if ns.recipe is not None:
@@ -349,7 +360,8 @@ def validate(ns, env, notes=(), explicit=()):
         val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, num_classes=ns.num_classes,
         output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate, max_steps_per_epoch=ns.max_steps_per_epoch,
         fps_warmup_steps=ns.fps_warmup_steps, zero_init_residual=ns.zero_init_residual,
-        recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
+        recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop, progress=ns.progress,
+        tensorboard_dir=(ns.tensorboard_dir or os.path.join(ns.output_dir, "tensorboard")) if ns.tensorboard else None,
         launch=dist["launch"], world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
         node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"], dist_url=dist["dist_url"],
         dist_backend=ns.dist_backend, multiprocessing_distributed=ns.multiprocessing_distributed,

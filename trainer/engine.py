@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from trainer import metrics
+from trainer import metrics, observe
 from trainer.guard import Guard
 from trainer.schedule import set_lr
 
@@ -21,13 +21,14 @@ class Engine:
     evaluate only) and ``precision`` its Precision (autocast dtype)."""
 
     def __init__(self, model, criterion, step, precision, device, dist, normalizer, schedule, cfg, log,
-                 profiler=None):
+                 profiler=None, recorder=None):
         self.model = model  # possibly wrapped (DDP / apex)
         self.criterion = criterion
         self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=cfg.label_smoothing)
         self.step, self.precision, self.device, self.dist = step, precision, device, dist
         self.normalize, self.schedule, self.cfg, self.log = normalizer, schedule, cfg, log
         self.profiler = profiler
+        self.recorder = recorder if recorder is not None else observe.Silent()
         self.stop_requested = False
 
     def autocast(self):
@@ -63,6 +64,8 @@ class Engine:
         t_fps = t_epoch if warm == 0 else None
         wait_total = wait_mark = wait_fps = 0.0
         last_print = 0
+        rec = self.recorder
+        rec.start_epoch(epoch, steps)
         it = iter(loader)
         for i in range(steps):
             t0 = time.time()
@@ -81,6 +84,7 @@ class Engine:
             guard.observe(loss, self.step(loss))
             c1, c5 = metrics.correct_counts(output.detach(), y)
             sums.add(loss.detach() * batch, c1, c5, batch)
+            rec.step(batch)
             if self.profiler is not None:
                 self.profiler.step(epoch * steps + i)
                 if self.profiler.stop_run:
@@ -89,7 +93,7 @@ class Engine:
                 dev.synchronize()
                 t_fps = time.time()
             if i % cfg.print_freq == 0 or i == steps - 1 or self.stop_requested:
-                interval, running = sums.read(self._reduce)  # syncs the device
+                interval, running, live = sums.read(self._reduce, self.step.live_scalars())  # syncs the device
                 now = time.time()
                 n = i + 1 - last_print
                 batch_time.update((now - t_mark) / n, n)
@@ -97,12 +101,20 @@ class Engine:
                 losses.val, losses.avg = interval["loss"], running["loss"]
                 top1.val, top1.avg = interval["acc1"], running["acc1"]
                 top5.val, top5.avg = interval["acc5"], running["acc5"]
-                self.log(progress.line(i + 1))
+                if not rec.bar:
+                    self.log(progress.line(i + 1))
+                span = max(now - t_mark, 1e-9)
+                rec.train_point(epoch * steps + i + 1, dict(
+                    live, loss=interval["loss"], acc1=interval["acc1"], acc5=interval["acc5"],
+                    epoch_loss=running["loss"], epoch_acc1=running["acc1"],
+                    lr=optimizer.param_groups[0]["lr"], data_wait=(wait_total - wait_mark) / span,
+                    **{"img/s": n * batch * self.dist.world_size / span}))
                 t_mark, wait_mark, last_print = now, wait_total, i + 1
                 self._check(guard, epoch)
             if self.stop_requested:
                 steps = i + 1
                 break
+        rec.end_phase()
         dev.synchronize()
         t_end = time.time()
         timed_steps = steps - warm
@@ -134,6 +146,8 @@ class Engine:
         top5 = metrics.AverageMeter("Acc@5", ":6.2f")
         progress = metrics.ProgressMeter(steps, [batch_time, losses, top1, top5], prefix="Test: ")
         t_mark, last_print = time.time(), 0
+        rec = self.recorder
+        rec.start_epoch(None, steps, phase="val")
         for i, (images, target, valid) in enumerate(loader):
             x, y, m = self.normalize(images), self._targets(target), dev.move(valid)
             with self.autocast():
@@ -141,6 +155,7 @@ class Engine:
             per_sample = self.eval_criterion(output.float(), y)
             c1, c5 = metrics.correct_counts(output, y, m)
             sums.add((per_sample * m).sum(), c1, c5, m.sum())
+            rec.step(images.shape[0])
             if i % cfg.print_freq == 0 or i == steps - 1:
                 interval, running = sums.read(self._reduce)
                 now = time.time()
@@ -149,8 +164,10 @@ class Engine:
                 losses.val, losses.avg = interval["loss"], running["loss"]
                 top1.val, top1.avg = interval["acc1"], running["acc1"]
                 top5.val, top5.avg = interval["acc5"], running["acc5"]
-                self.log(progress.line(i + 1))
+                if not rec.bar:
+                    self.log(progress.line(i + 1))
                 t_mark, last_print = now, i + 1
+        rec.end_phase()
         _, running = sums.read(self._reduce)
         self.log(metrics.summary_line(running["acc1"], running["acc5"]))
         return {"acc1": running["acc1"], "acc5": running["acc5"], "loss": running["loss"],

@@ -68,13 +68,23 @@ class Sums:
         self.total += torch.stack([loss_sum.detach().float().reshape(()), c1.float(), c5.float(),
                                    n.float() if torch.is_tensor(n) else torch.full((), float(n), device=c1.device)])
 
-    def read(self, reduce_fn=None):
-        """Host values (reduced over processes by ``reduce_fn``): (interval, running) dicts."""
+    def read(self, reduce_fn=None, extras=None):
+        """Host values (reduced over processes by ``reduce_fn``): (interval, running) dicts. With ``extras``
+        ({name: device scalar or number}, not reduced) also a dict of their host values, read in the same
+        transfer (no sync of their own)."""
         t = self.total if reduce_fn is None else reduce_fn(self.total.clone())
-        now = [float(v) for v in t.tolist()]
+        names = [k for k, v in (extras or {}).items() if torch.is_tensor(v)]
+        if names:
+            t = torch.cat([t, torch.stack([extras[k].detach().reshape(()).float().to(t.device) for k in names])])
+        values = [float(v) for v in t.tolist()]
+        now = values[:4]
         delta = [a - b for a, b in zip(now, self._seen)]
         self._seen = now
-        return _as_metrics(delta), _as_metrics(now)
+        if extras is None:
+            return _as_metrics(delta), _as_metrics(now)
+        host = {k: v for k, v in extras.items() if not torch.is_tensor(v)}
+        host.update(zip(names, values[4:]))
+        return _as_metrics(delta), _as_metrics(now), host
 
 
 def _as_metrics(v):

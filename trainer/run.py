@@ -16,7 +16,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, cli, data, distributed, lock, metrics, summary
+from trainer import checkpoint, cli, data, distributed, lock, metrics, observe, summary
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -235,10 +235,30 @@ def _amp_label(precision):
     return "{} {}".format(precision.impl, precision.dtype_name)
 
 
+def recorder(job):
+    """Rank 0's ``observe.Recorder`` (TensorBoard, metrics.jsonl, progress bar); ``Silent`` elsewhere."""
+    cfg = job.cfg
+    if not job.dist.is_main:
+        return observe.Silent()
+    mode, note = observe.progress_mode(cfg.progress)
+    if note:
+        job.log("note: " + note)
+    return observe.Recorder(cfg.output_dir, cfg.tensorboard_dir, mode == "bar", job.start_epoch, job.steps,
+                            cfg.as_dict(), job.log)
+
+
 def train(job):
+    rec = recorder(job)
+    try:
+        return _train(job, rec)
+    finally:
+        rec.close()
+
+
+def _train(job, rec):
     cfg, dist, log, rs = job.cfg, job.dist, job.log, job.rs
     engine = Engine(job.model, job.criterion, job.step, job.precision, job.device, dist, job.normalizer,
-                    job.schedule, cfg, log, job.profiler)
+                    job.schedule, cfg, log, job.profiler, rec)
     totals = {"images": 0.0, "seconds": 0.0, "steps": 0.0, "wait": 0.0, "wall": 0.0, "trained_steps": 0}
     best_acc1, last_val = job.best_acc1, None
     _record(job, totals, epochs_completed=job.start_epoch, best_acc1=best_acc1, **job.saver.existing())
@@ -267,11 +287,21 @@ def train(job):
         if not all_finite(_unwrap(job.model_for_eval).state_dict().values()):  # every rank stops alike
             raise Diverged("non-finite weights", {"epoch": epoch, "step": None, "lr": None,
                                                   "loss_scale": job.step.loss_scale()})
+        if val is not None:
+            rec.validation(done * job.steps, dict(val, epoch_seconds=tr["seconds"]))
         if dist.is_main:
             job.saver.save(_checkpoint_state(job, done, best_acc1), is_best)
             _record(job, totals, epochs_completed=done, train_acc1=tr["acc1"], final_loss=tr["loss"],
                     best_acc1=best_acc1, last_val=last_val, **job.saver.existing())
             rs.write()
+            rec.epoch_record({
+                "epoch": epoch, "global_step": done * job.steps, "train_loss": tr["loss"], "train_acc1": tr["acc1"],
+                "train_acc5": tr["acc5"], "val_loss": val["loss"] if val else None,
+                "val_acc1": val["acc1"] if val else None, "val_acc5": val["acc5"] if val else None,
+                "lr": job.schedule(epoch, tr["steps"] - 1), "images_per_second": tr["fps"],
+                "data_wait_fraction": tr["data_wait_seconds"] / tr["seconds"] if tr["seconds"] else None,
+                "overflow_steps": overflow, "seconds": tr["seconds"], "arch": cfg.arch, "device": job.device.name,
+                "world_size": dist.world_size, "amp": _amp_label(job.precision)})
         dist.barrier()
         if engine.stop_requested:
             log("=> stopping after the profiled steps (--profile-stop)")
