@@ -132,9 +132,13 @@ def test_run_completes_without_tensorboard_with_one_note(shapes, tmp_path):
 
 def test_plot_runs_writes_a_png_and_rejects_a_folder_without_metrics(resumed, shapes, tmp_path):
     out, _, _ = resumed
-    other = tmp_path / "other"
-    proc = run_main([shapes, "--output-dir", str(other), "--epochs", "1", "--no-tensorboard"] + RUN)
+    other = tmp_path / "other"  # a float16 run: its loss scale and overflow count are recorded too
+    proc = run_main([shapes, "--output-dir", str(other), "--epochs", "1", "--amp", "--amp-dtype", "float16"] + RUN)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    s = scalars(other)
+    assert [step for step, _ in s["amp/loss_scale"]] == [1, 6, 11, 16, 20]
+    assert all(v > 0 for _, v in s["amp/loss_scale"]) and all(v >= 0 for _, v in s["amp/overflow_steps"])
+    assert s["amp/overflow_steps"][-1][1] == read_summary(other)["overflow_steps"]
     png = str(tmp_path / "runs.png")
     p = run_tool("plot_runs.py", [str(out), str(other), "-o", png])
     assert p.returncode == 0, p.stderr[-2000:]
