@@ -132,7 +132,8 @@ def test_full_1p_imagenet_layout_moves_an_earlier_run_aside(imagenet_small, tmp_
     log = (out / "train_0.log").read_text()
     assert "Epoch: [0][" in log and " *   Acc@1 " in log  # pytorch/examples line formats
     assert sorted(os.listdir(str(out))) == sorted(["checkpoint.pth.tar", "model_best.pth.tar", "summary.json",
-                                                   "train_0.log", "tiny_cnn_bs8_1p_acc.log"])
+                                                   "metrics.jsonl", "tensorboard", "train_0.log",
+                                                   "tiny_cnn_bs8_1p_acc.log"])  # run.lock released
 
     # --resume=auto continues in the same folder: nothing moved, the log appended
     proc = run_driver("train_full_1p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",

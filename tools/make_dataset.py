@@ -6,7 +6,14 @@ horizontal stripes, vertical stripes, diagonal bar, checkerboard, dot grid) in r
 colours, positions and sizes over a noisy background, saved as JPEG files.
 
     python3 tools/make_dataset.py OUT [--classes 10] [--train-per-class 100] [--val-per-class 20]
-                                      [--size 64] [--layout imagenet|tiny-imagenet] [--seed 0]
+                                      [--size 64] [--layout imagenet|tiny-imagenet] [--seed 0] [--photos]
+
+--photos makes photo-like JPEGs of ImageNet's sizes instead, for data-pipeline benchmarks: each file is a
+random crop (30-100 % of the side) of a photograph that ships with an installed package (matplotlib's
+sample photo, and any other JPEG photo found there), flipped at random, colour-scaled per channel, with
+light noise, resized to a random ImageNet-like size and saved at quality 90. Sizes: 90 % have a longest
+side of 375-500 px (aspect 4:3, 3:2 or 1:1, landscape or portrait; ImageNet's typical 500x375 / 500x333),
+10 % 800-1200 px (ImageNet's tail of large photos). --size is ignored. No download is needed.
 
 imagenet layout:      OUT/train/<class>/*.JPEG, OUT/val/<class>/*.JPEG
 tiny-imagenet layout: OUT/train/<wnid>/images/*.JPEG, OUT/val/images/*.JPEG + OUT/val/val_annotations.txt
@@ -72,10 +79,60 @@ def draw(shape, size, rng):
     return img
 
 
-def generate(out, classes=10, train_per_class=100, val_per_class=20, size=64, layout="imagenet", seed=0):
-    if classes < 1 or classes > len(SHAPES):
+def _source_photos():
+    """Photographs shipped with installed packages (RGB PIL images, at least 256 px on the short side)."""
+    found = []
+    try:
+        import matplotlib
+        folder = os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "sample_data")
+        for name in sorted(os.listdir(folder)):
+            if name.lower().endswith((".jpg", ".jpeg")):
+                found.append(os.path.join(folder, name))
+    except ImportError:
+        pass
+    photos = []
+    for path in found:
+        img = Image.open(path).convert("RGB")
+        if min(img.size) >= 256:
+            photos.append(img)
+    if not photos:
+        raise ValueError("--photos needs a photograph from an installed package (matplotlib's sample data): "
+                         "pip install matplotlib")
+    return photos
+
+
+def photo(sources, rng, k):
+    src = sources[int(rng.integers(0, len(sources)))]
+    w, h = src.size
+    side = rng.uniform(0.3, 1.0)
+    cw, ch = max(32, int(w * side)), max(32, int(h * side * rng.uniform(0.8, 1.2)))
+    cw, ch = min(cw, w), min(ch, h)
+    x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+    img = src.crop((x, y, x + cw, y + ch))
+    if rng.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    longest = int(rng.integers(375, 501)) if rng.random() < 0.9 else int(rng.integers(800, 1201))
+    aspect = (4 / 3.0, 3 / 2.0, 1.0)[int(rng.integers(0, 3))]
+    size = (longest, int(round(longest / aspect)))
+    if rng.random() < 0.3:
+        size = size[::-1]
+    img = img.resize(size, Image.BILINEAR)
+    arr = np.asarray(img).astype(np.float32)
+    gain = rng.uniform(0.75, 1.25, size=3) * (1.0 + 0.05 * (k % 7))  # the class shifts the colour a little
+    arr = arr * gain + rng.normal(0, 3.0, size=arr.shape)
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+
+
+def generate(out, classes=10, train_per_class=100, val_per_class=20, size=64, layout="imagenet", seed=0,
+             photos=False):
+    if classes < 1 or (classes > len(SHAPES) and not photos):
         raise ValueError("--classes must be 1-{}".format(len(SHAPES)))
     rng = np.random.default_rng(seed)
+    if photos:
+        sources = _source_photos()
+        draw_one = lambda k: photo(sources, rng, k)  # noqa: E731
+    else:
+        draw_one = lambda k: draw(SHAPES[k], size, rng)  # noqa: E731
     annotations = []
     for k in range(classes):
         name = wnid(k)
@@ -83,7 +140,7 @@ def generate(out, classes=10, train_per_class=100, val_per_class=20, size=64, la
             os.path.join(out, "train", name)
         os.makedirs(tdir, exist_ok=True)
         for i in range(train_per_class):
-            draw(SHAPES[k], size, rng).save(os.path.join(tdir, "{}_{}.JPEG".format(name, i)), quality=90)
+            draw_one(k).save(os.path.join(tdir, "{}_{}.JPEG".format(name, i)), quality=90)
         if layout == "tiny-imagenet":
             vdir = os.path.join(out, "val", "images")
         else:
@@ -91,7 +148,7 @@ def generate(out, classes=10, train_per_class=100, val_per_class=20, size=64, la
         os.makedirs(vdir, exist_ok=True)
         for i in range(val_per_class):
             fname = "val_{}_{}.JPEG".format(k, i)
-            draw(SHAPES[k], size, rng).save(os.path.join(vdir, fname), quality=90)
+            draw_one(k).save(os.path.join(vdir, fname), quality=90)
             annotations.append((fname, name))
     if layout == "tiny-imagenet":
         with open(os.path.join(out, "val", "val_annotations.txt"), "w") as f:
@@ -109,6 +166,8 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=64)
     p.add_argument("--layout", choices=("imagenet", "tiny-imagenet"), default="imagenet")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--photos", action="store_true",
+                   help="photo-like JPEGs of ImageNet's sizes (for data-pipeline benchmarks); --size is ignored")
     a = p.parse_args(argv)
     if os.path.exists(a.out) and os.listdir(a.out):
         sys.stderr.write("error: '{}' exists and is not empty; choose a new folder\n".format(a.out))
@@ -118,7 +177,7 @@ def main(argv=None):
             sys.stderr.write("error: --{} must be at least 1\n".format(name.replace("_", "-")))
             return 2
     try:
-        generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.size, a.layout, a.seed)
+        generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.size, a.layout, a.seed, a.photos)
     except ValueError as exc:
         sys.stderr.write("error: {}\n".format(exc))
         return 2

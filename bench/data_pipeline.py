@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Data-pipeline throughput: this trainer's backends against torchvision's default ImageNet pipeline.
+
+    python3 bench/data_pipeline.py DATA [--backend all|cpu|gpu|torchvision] [--workers N] [--images N]
+                                   [--batch-size 64] [--split train|val] [--rounds 2] [--device auto]
+                                   [--json FILE]
+    python3 bench/data_pipeline.py DATA --epoch-vs-examples [--arch shufflenet_v2_x0_5] [--batch-size 64]
+                                   [--workers N] [--json FILE]
+
+Loader mode: each backend delivers --images images as normalised float batches on the device, the way
+training consumes them, and is timed from its first to its last batch (the first batch, with worker
+start-up, is left out). The backends run one after another, --rounds times in rotating order, on the
+same files with the same workers and batch size:
+
+  torchvision  ImageFolder + RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize in the
+               workers (val: Resize(256) + CenterCrop(224)), as pytorch/examples and torchvision's
+               references do
+  cpu          this trainer's CPU backend: the crop chosen from the JPEG header, draft-mode decode,
+               one resize, uint8 batches, normalisation where the model runs
+  gpu          this trainer's device backend: workers read file bytes; whole batches are decoded with
+               torchvision.io.decode_jpeg on the device and cropped/resized there (CUDA, or the CPU
+               tensors of the same code with --device cpu)
+
+Reported per backend: images/s, CPU seconds used (this process and its workers), images per CPU-second
+(the per-core rate), and the ratio to torchvision's.
+
+--epoch-vs-examples: one training epoch from the same JPEGs, this trainer (main.py) against a loop that
+does what pytorch/examples' imagenet/main.py does per step (its transforms in the workers, the batch
+copied, forward, loss, accuracy, loss.item(), backward, SGD), same model, batch, workers and float32;
+images/s of each and their ratio.
+"""
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from trainer import data as datamod  # noqa: E402
+from trainer.device import Device  # noqa: E402
+
+MEAN, STD = datamod.MEAN, datamod.STD
+
+
+def cpu_seconds():
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+def torchvision_loader(root, split, batch, workers):
+    from torchvision import datasets, transforms
+    norm = transforms.Normalize(MEAN, STD)
+    if split == "train":
+        tf = transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                                 transforms.ToTensor(), norm])
+    else:
+        tf = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm])
+    ds = datasets.ImageFolder(os.path.join(root, split), tf)
+    return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True,
+                                       pin_memory=torch.cuda.is_available())
+
+
+class _Cfg:
+    def __init__(self, root, backend, channels_last=False):
+        self.data, self.dummy, self.data_backend = root, False, backend
+        self.train_crop_size, self.crop_scale_min = 224, 0.08
+        self.val_resize_size, self.val_crop_size = 256, 224
+        self.channels_last = channels_last
+
+
+def trainer_loader(root, split, batch, workers, backend, device):
+    cfg = _Cfg(root, backend)
+    train, val, _ = datamod.build(cfg, device, batch, 0, 1, workers, seed=0, need_train=split == "train")
+    return train if split == "train" else val
+
+
+def time_loader(loader, images, to_device):
+    """Seconds to deliver ``images`` images after the first batch, and the CPU seconds used."""
+    it = iter(loader)
+    first = next(it)
+    to_device(first)
+    n, t0, c0 = 0, time.perf_counter(), cpu_seconds()
+    while n < images:
+        try:
+            batch = next(it)
+        except StopIteration:
+            it = iter(loader)
+            batch = next(it)
+        x = to_device(batch)
+        n += x.shape[0]
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    return n, time.perf_counter() - t0, cpu_seconds() - c0
+
+
+def loader_bench(a, device):
+    backends = ["torchvision", "cpu", "gpu"] if a.backend == "all" else [a.backend]
+    norm = datamod.Normalizer(device)
+    results = {b: [] for b in backends}
+    for r in range(a.rounds):
+        order = backends[r % len(backends):] + backends[:r % len(backends)]
+        for b in order:
+            if b == "torchvision":
+                loader = torchvision_loader(a.data, a.split, a.batch_size, a.workers)
+                move = lambda batch: device.move(batch[0])  # noqa: E731 (already normalised floats)
+            else:
+                loader = trainer_loader(a.data, a.split, a.batch_size, a.workers, b, device)
+                move = lambda batch: norm(batch[0])  # noqa: E731
+            n, secs, cpu = time_loader(loader, a.images, move)
+            del loader
+            results[b].append({"images": n, "seconds": secs, "cpu_seconds": cpu})
+            print("round {} {:<12} {:8.1f} images/s  {:7.1f} images per CPU-second".format(
+                r, b, n / secs, n / cpu if cpu else float("nan")), flush=True)
+    out = {}
+    for b, runs in results.items():
+        n = sum(x["images"] for x in runs)
+        secs, cpu = sum(x["seconds"] for x in runs), sum(x["cpu_seconds"] for x in runs)
+        out[b] = {"images_per_second": n / secs, "images_per_cpu_second": n / cpu if cpu else None,
+                  "seconds": secs, "cpu_seconds": cpu, "images": n}
+    base = out.get("torchvision")
+    print("\n| backend | images/s | images per CPU-second | vs torchvision (images/s) | vs torchvision (per CPU-s) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for b, v in out.items():
+        r1 = v["images_per_second"] / base["images_per_second"] if base else None
+        r2 = v["images_per_cpu_second"] / base["images_per_cpu_second"] if base and v["images_per_cpu_second"] \
+            else None
+        v["ratio_images_per_second"], v["ratio_per_cpu_second"] = r1, r2
+        print("| {} | {:.1f} | {:.1f} | {} | {} |".format(b, v["images_per_second"], v["images_per_cpu_second"] or 0,
+                                                      "{:.2f}".format(r1) if r1 else "-",
+                                                      "{:.2f}".format(r2) if r2 else "-"))
+    return out
+
+
+def examples_epoch(root, arch, batch, workers, device):
+    """One epoch the way pytorch/examples' imagenet/main.py trains (float32), images/s after 5 steps."""
+    import models
+    loader = torchvision_loader(root, "train", batch, workers)
+    model = models.get_model(arch, num_classes=len(loader.dataset.classes)).to(device.torch_device)
+    criterion = torch.nn.CrossEntropyLoss().to(device.torch_device)
+    opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
+    model.train()
+    t0, n = None, 0
+    for i, (images, target) in enumerate(loader):
+        if i == 5:
+            device.synchronize()
+            t0, n = time.perf_counter(), 0
+        images, target = device.move(images), device.move(target)
+        output = model(images)
+        loss = criterion(output, target)
+        _, pred = output.topk(5, 1, True, True)
+        pred.t().eq(target.view(1, -1)).float().sum()
+        loss.item()  # AverageMeter.update(loss.item(), ...) in examples
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        n += images.shape[0]
+    device.synchronize()
+    return n / (time.perf_counter() - t0)
+
+
+def trainer_epoch(root, arch, batch, workers, device_kind):
+    out = tempfile.mkdtemp(prefix="bench-epoch-")
+    cmd = [sys.executable, os.path.join(ROOT, "main.py"), root, "-a", arch, "--epochs", "1", "-b", str(batch),
+           "-j", str(workers), "--no-validate", "--device", device_kind, "--output-dir", out, "--progress", "lines",
+           "--no-tensorboard", "-p", "1000", "--fps-warmup-steps", "5", "--seed", "0"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit("main.py failed: " + proc.stderr[-2000:])
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)["train_fps"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data")
+    p.add_argument("--backend", choices=("all", "cpu", "gpu", "torchvision"), default="all")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    p.add_argument("--images", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--split", choices=("train", "val"), default="train")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--epoch-vs-examples", action="store_true")
+    p.add_argument("--arch", default="shufflenet_v2_x0_5")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    device = Device.create(a.device)
+    meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "device": device.name,
+            "torch": torch.__version__, "workers": a.workers, "batch_size": a.batch_size, "data": a.data}
+    print("device {}, {} CPUs, {} workers, batch {}".format(device.name, os.cpu_count(), a.workers, a.batch_size))
+    if a.epoch_vs_examples:
+        res = {}
+        for r in range(a.rounds):
+            for name in (["examples", "trainer"] if r % 2 == 0 else ["trainer", "examples"]):
+                fps = examples_epoch(a.data, a.arch, a.batch_size, a.workers, device) if name == "examples" else \
+                    trainer_epoch(a.data, a.arch, a.batch_size, a.workers, device.kind)
+                res.setdefault(name, []).append(fps)
+                print("round {} {:<9} {:8.1f} images/s".format(r, name, fps), flush=True)
+        mean = {k: sum(v) / len(v) for k, v in res.items()}
+        result = {"epoch": {"arch": a.arch, "images_per_second": mean, "runs": res,
+                            "ratio": mean["trainer"] / mean["examples"]}}
+        print("trainer / examples: {:.2f}".format(result["epoch"]["ratio"]))
+    else:
+        result = {"loader": loader_bench(a, device), "split": a.split, "images": a.images}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(result, meta=meta), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
