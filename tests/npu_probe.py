@@ -195,4 +195,17 @@ engine.device = dev
 obs["target_reaches_device_as"] = [str(engine._targets(torch.tensor([1, 2, 3])).dtype)] + moved
 del dev.move
 
+# 10. the device data backend's NPU seam: torchvision_npu's decode_jpeg (DVPP) behind Device.jpeg_decoder
+import io  # noqa: E402
+from PIL import Image  # noqa: E402
+import torchvision_npu  # noqa: E402  (the fake)
+from trainer import data as datamod  # noqa: E402
+buf = io.BytesIO()
+Image.new("RGB", (40, 30), (200, 10, 10)).save(buf, "JPEG")
+raw = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+decode = dev.jpeg_decoder()
+out = decode([raw, raw])
+obs["npu_jpeg"] = {"shapes": [list(t.shape) for t in out], "calls": torchvision_npu.calls,
+                   "auto": datamod.resolve_backend("auto", dev)[0], "gpu": datamod.resolve_backend("gpu", dev)[0]}
+
 print(json.dumps(obs, default=str))

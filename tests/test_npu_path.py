@@ -135,6 +135,13 @@ def test_targets_are_int32_before_the_copy(obs):
     assert obs["target_reaches_device_as"] == ["torch.int32", "torch.int32"]
 
 
+def test_device_data_backend_decodes_through_torchvision_npu(obs):
+    j = obs["npu_jpeg"]
+    assert j["shapes"] == [[3, 30, 40], [3, 30, 40]]
+    assert j["calls"] == [["decode_jpeg", "npu:3"], ["decode_jpeg", "npu:3"]]
+    assert j["auto"] == "cpu" and j["gpu"] == "gpu"  # DVPP is used when asked for, not by default
+
+
 def test_device_list_checked_against_visible_npus(obs):
     assert "asks for npu device 8 but 8 visible" in obs["too_many"]
     assert "ascending order" in obs["descending"]

@@ -2,8 +2,8 @@
 the model runs.
 
 Workers only read each file's bytes and its header (size, format, colour mode), draw the sample's crop
-and flip from its seed exactly as the CPU backend does (torchvision's ``RandomResizedCrop.get_params`` and
-``RandomHorizontalFlip``, same RNG draws), and hand over (bytes, box, flip). The training process decodes
+and flip from its seed exactly as the CPU backend does (``data.TrainCrop.params``: the same draws, so the
+same crop for the same seed), and hand over (bytes, box, flip). The training process decodes
 the batch with the device's decoder (``Device.jpeg_decoder``: nvJPEG through torchvision.io.decode_jpeg on
 CUDA, DVPP through torchvision_npu on NPU, libjpeg on the CPU) and crops, resizes (bilinear, antialiased:
 torchvision's tensor ``resized_crop``) and flips each image on the device, uint8 until the normaliser.
@@ -29,10 +29,8 @@ class EncodedDataset(torch.utils.data.Dataset):
     device cannot decode comes back decoded here (``fallback``, uint8 CHW) with empty bytes.
     """
 
-    def __init__(self, samples, train, cpu_transform, size, scale_min=0.08, resize=None):
-        self.samples, self.train, self.cpu_transform = samples, train, cpu_transform
-        self.size, self.scale, self.resize = size, (scale_min, 1.0), resize
-        self.ratio = (3.0 / 4.0, 4.0 / 3.0)
+    def __init__(self, samples, train, cpu_transform, size):
+        self.samples, self.train, self.cpu_transform, self.size = samples, train, cpu_transform, size
 
     def __len__(self):
         return len(self.samples)
@@ -46,10 +44,7 @@ class EncodedDataset(torch.utils.data.Dataset):
         if img.format != "JPEG" or img.mode not in DEVICE_MODES:
             return _EMPTY, _NO_BOX, False, data.transformed(img, self.cpu_transform, seed, path), target, path
         if self.train:
-            with data.seeded(seed):
-                from torchvision.transforms import RandomResizedCrop
-                top, left, h, w = RandomResizedCrop.get_params(img, self.scale, self.ratio)
-                flip = bool(torch.rand(1) < 0.5)
+            top, left, h, w, flip = self.cpu_transform.params(img.size[0], img.size[1], data.sample_rng(seed))
         else:
             (left, top), (w, h), flip = (0, 0), img.size, False
         box = torch.tensor([top, left, h, w], dtype=torch.int64)

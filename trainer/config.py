@@ -52,7 +52,8 @@ class Config:
     crop_scale_min: float
     val_resize_size: int
     val_crop_size: int
-    channels_last: bool
+    channels_last: Optional[bool]  # None: the device's default (settled in run.preflight)
+    data_backend: str  # auto | cpu | gpu
     num_classes: Optional[int]
     output_dir: str
     eval_freq: int
@@ -191,7 +192,13 @@ def build_parser():
     d.add_argument("--combine-ddp", action="store_true",
                    help="Ascend apex: all-reduce combined gradients inside apex (amp.initialize(combine_ddp="
                         "True)) instead of torch's DistributedDataParallel")
-    d.add_argument("--channels-last", action="store_true", help="NHWC memory format")
+    d.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
+                   help="NHWC memory format (default: on for CPU, where it is faster; off for NPU and CUDA)")
+    d.add_argument("--no-channels-last", dest="channels_last", action="store_false", help="NCHW memory format")
+    d.add_argument("--data-backend", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode "
+                        "decode), gpu (workers read bytes; whole batches are decoded and cropped on the device: "
+                        "nvJPEG on CUDA, DVPP via torchvision_npu on NPU); auto: gpu on CUDA, cpu elsewhere")
 
     t = p.add_argument_group("recipe")
     t.add_argument("--recipe", default=None, metavar="NAME",
@@ -357,7 +364,8 @@ def validate(ns, env, notes=(), explicit=()):
         amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
         label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
         train_crop_size=ns.train_crop_size, crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
-        val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, num_classes=ns.num_classes,
+        val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, data_backend=ns.data_backend,
+        num_classes=ns.num_classes,
         output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate, max_steps_per_epoch=ns.max_steps_per_epoch,
         fps_warmup_steps=ns.fps_warmup_steps, zero_init_residual=ns.zero_init_residual,
         recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop, progress=ns.progress,

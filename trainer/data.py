@@ -2,9 +2,12 @@
 it), uint8 workers with on-device normalisation, per-sample seeded augmentation, synthetic batches.
 The rules and their reasons: docs/DESIGN.md.
 """
+import io
 import math
 import os
+import warnings
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -124,25 +127,81 @@ def _names(names, limit=5):
 # ---------------------------------------------------------------- datasets
 
 
-def load_rgb(path):
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def _bad(path, exc):
+    return BadImageError("cannot decode image '{}' ({}): remove or replace the file".format(
+        path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+
+
+def read_bytes(path):
     try:
         with open(path, "rb") as f:
-            img = Image.open(f)
+            return f.read()
+    except OSError as exc:
+        raise _bad(path, exc)
+
+
+def open_image(raw, path):
+    """A PIL image over the file's bytes with only its header read (size, format, mode known; no pixels)."""
+    try:
+        return Image.open(io.BytesIO(raw))
+    except _DECODE_ERRORS as exc:
+        raise _bad(path, exc)
+
+
+def rgb(img, path):
+    """Decode ``img`` (at its draft size, if one was set) as RGB."""
+    try:
+        if img.mode != "RGB":
             return img.convert("RGB")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise BadImageError("cannot decode image '{}' ({}): remove or replace the file".format(
-            path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+        img.load()
+        return img
+    except _DECODE_ERRORS as exc:
+        raise _bad(path, exc)
+
+
+def load_rgb(path):
+    return rgb(open_image(read_bytes(path), path), path)
+
+
+def pil_to_chw(img):
+    """uint8 CHW tensor over an RGB PIL image's pixels (one copy, out of PIL's buffer; collate copies it into
+    the batch, and nothing writes to it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
+        return torch.from_numpy(np.asarray(img)).permute(2, 0, 1)
 
 
 def sample_seed(base_seed, epoch, index):
     return (base_seed * 6364136223846793005 + epoch * 1442695040888963407 + index) % (2 ** 63)
 
 
+def sample_rng(seed):
+    """The sample's own torch.Generator (None: torch's global one). A generator per sample costs a few
+    microseconds, where re-seeding the global RNG (fork_rng + manual_seed) costs ~0.15 ms."""
+    if seed is None:
+        return None
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def transformed(img, transform, seed, path):
+    """``transform(img, path, rng)`` with the sample's generator; decoding errors name the file."""
+    try:
+        return transform(img, path, sample_rng(seed))
+    except _DECODE_ERRORS as exc:
+        raise _bad(path, exc)
+
+
 class ImageDataset(torch.utils.data.Dataset):
     """(path, class) samples -> (uint8 CHW tensor, class).
 
     Indices may come as plain ints or as (index, seed) pairs from ``EpochSampler``;
-    with a seed the augmentation of that sample is reproducible.
+    with a seed the augmentation of that sample is reproducible. The file is opened with its header
+    only: the transform decides how much of it to decode (``TrainCrop``, ``ValCrop``).
     """
 
     def __init__(self, samples, transform):
@@ -155,12 +214,8 @@ class ImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, item):
         index, seed = item if isinstance(item, tuple) else (item, None)
         path, target = self.samples[index]
-        img = load_rgb(path)
-        if seed is not None:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                return self.transform(img), target
-        return self.transform(img), target
+        img = open_image(read_bytes(path), path)
+        return transformed(img, self.transform, seed, path), target
 
 
 class PaddedEvalDataset(torch.utils.data.Dataset):
@@ -228,22 +283,98 @@ class ShardSampler(torch.utils.data.Sampler):
 # ---------------------------------------------------------------- transforms
 
 
+def _draft(img, need_w, need_h):
+    """JPEG draft mode: have the decoder scale by 1/2, 1/4 or 1/8 while decoding, as far as the result
+    stays at least ``need_w`` x ``need_h``; returns the (x, y) scale factors obtained (1, 1 if none)."""
+    w0, h0 = img.size
+    if img.format == "JPEG" and img.mode in ("RGB", "L"):
+        img.draft(img.mode, (int(math.ceil(need_w)), int(math.ceil(need_h))))
+    return img.size[0] / float(w0), img.size[1] / float(h0)
+
+
+class TrainCrop:
+    """RandomResizedCrop(size, scale) + RandomHorizontalFlip -> uint8 CHW, decoding only what the crop needs.
+
+    The crop and the flip are drawn from the header's image size, before any pixel is decoded, with
+    torchvision's algorithm (``params``) from the sample's own generator: the same distribution as
+    torchvision's transforms. JPEG draft mode then
+    decodes at the largest reduction (1/2, 1/4, 1/8) that keeps the crop at least ``size`` pixels wide and
+    high, and one ``resize(box=...)`` crops and scales (bilinear, antialiased) in a single pass. The only
+    difference from torchvision's pipeline: when draft mode reduces, part of the downscaling happens in the
+    JPEG decoder's DCT instead of the bilinear filter (a mean difference of about one grey level).
+    """
+
+    def __init__(self, size, scale_min=0.08):
+        self.size, self.scale, self.ratio = size, (scale_min, 1.0), (3.0 / 4.0, 4.0 / 3.0)
+
+    def params(self, width, height, g=None):
+        """(top, left, h, w, flip): torchvision's RandomResizedCrop.get_params algorithm (up to 10 draws of
+        area and log-ratio, else the centre crop clamped to the ratio range), then RandomHorizontalFlip's
+        draw, taken from the generator ``g``."""
+        area = height * width
+        log_ratio = torch.log(torch.tensor(self.ratio))
+        crop = None
+        for _ in range(10):
+            target_area = area * torch.empty(1).uniform_(self.scale[0], self.scale[1], generator=g).item()
+            aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g)).item()
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                top = torch.randint(0, height - h + 1, size=(1,), generator=g).item()
+                left = torch.randint(0, width - w + 1, size=(1,), generator=g).item()
+                crop = (top, left, h, w)
+                break
+        if crop is None:
+            in_ratio = float(width) / float(height)
+            if in_ratio < min(self.ratio):
+                w, h = width, int(round(width / min(self.ratio)))
+            elif in_ratio > max(self.ratio):
+                h, w = height, int(round(height * max(self.ratio)))
+            else:
+                w, h = width, height
+            crop = ((height - h) // 2, (width - w) // 2, h, w)
+        return crop + (bool(torch.rand(1, generator=g).item() < 0.5),)
+
+    def __call__(self, img, path="?", g=None):
+        top, left, h, w, flip = self.params(img.size[0], img.size[1], g)
+        s = self.size
+        sx, sy = _draft(img, img.size[0] * s / float(w), img.size[1] * s / float(h))
+        img = rgb(img, path)
+        out = img.resize((s, s), Image.BILINEAR, box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+        if flip:
+            out = out.transpose(Image.FLIP_LEFT_RIGHT)
+        return pil_to_chw(out)
+
+
+class ValCrop:
+    """Resize(resize) + CenterCrop(crop) -> uint8 CHW: the centre region torchvision would keep, taken from the
+    image (decoded at a draft size that still covers it) and scaled in one ``resize(box=...)``."""
+
+    def __init__(self, resize, crop):
+        self.resize, self.crop = resize, crop
+
+    def __call__(self, img, path="?", g=None):
+        w0, h0 = img.size
+        short, long_ = min(w0, h0), max(w0, h0)
+        new_long = int(self.resize * long_ / short)  # torchvision's Resize(int)
+        rw, rh = (self.resize, new_long) if w0 <= h0 else (new_long, self.resize)
+        top = int(round((rh - self.crop) / 2.0))
+        left = int(round((rw - self.crop) / 2.0))
+        fx, fy = w0 / float(rw), h0 / float(rh)  # resized -> original pixels
+        box = (left * fx, top * fy, (left + self.crop) * fx, (top + self.crop) * fy)
+        sx, sy = _draft(img, rw, rh)
+        img = rgb(img, path)
+        out = img.resize((self.crop, self.crop), Image.BILINEAR, box=(box[0] * sx, box[1] * sy, box[2] * sx,
+                                                                     box[3] * sy))
+        return pil_to_chw(out)
+
+
 def train_transform(crop, scale_min=0.08):
-    from torchvision import transforms
-    return transforms.Compose([
-        transforms.RandomResizedCrop(crop, scale=(scale_min, 1.0)),
-        transforms.RandomHorizontalFlip(),
-        transforms.PILToTensor(),
-    ])
+    return TrainCrop(crop, scale_min)
 
 
 def val_transform(resize, crop):
-    from torchvision import transforms
-    return transforms.Compose([
-        transforms.Resize(resize),
-        transforms.CenterCrop(crop),
-        transforms.PILToTensor(),
-    ])
+    return ValCrop(resize, crop)
 
 
 class Normalizer:
@@ -300,27 +431,49 @@ class SyntheticLoader:
 
 
 class DataInfo:
-    def __init__(self, num_classes, classes, train_images, val_images, layout):
+    def __init__(self, num_classes, classes, train_images, val_images, layout, backend="synthetic", note=None):
         self.num_classes = num_classes
         self.classes = classes
         self.train_images = train_images
         self.val_images = val_images
         self.layout = layout
+        self.backend = backend  # cpu | gpu | synthetic
+        self.note = note
 
 
-def _loader(dataset, batch, sampler, workers, pin_memory, drop_last):
+def _loader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None):
     kwargs = {}
     if workers > 0:
         kwargs["persistent_workers"] = True
+    if collate_fn is not None:
+        kwargs["collate_fn"] = collate_fn
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch, sampler=sampler, num_workers=workers,
         pin_memory=pin_memory, drop_last=drop_last, **kwargs)
+
+
+def resolve_backend(requested, device):
+    """(backend, decoder or None, note or None) for ``--data-backend``: ``auto`` is the device backend where
+    the device prefers decoding there (CUDA with torchvision's nvJPEG decode), the CPU backend otherwise."""
+    if requested == "cpu":
+        return "cpu", None, None
+    decode = device.jpeg_decoder()
+    if requested == "auto":
+        return ("gpu", decode, None) if decode is not None and device.prefers_device_decode else ("cpu", None, None)
+    if decode is None:
+        raise DataError("--data-backend gpu: {} has no JPEG decoder here ({}); use --data-backend cpu".format(
+            device.name, device.jpeg_decoder_missing()))
+    note = None if device.prefers_device_decode else (
+        "--data-backend gpu on {}: batches are decoded in the training process, not in the workers (slower "
+        "than --data-backend cpu; useful to check the device backend)".format(device.name))
+    return "gpu", decode, note
 
 
 def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_train=True):
     """(train_loader or None, val_loader, DataInfo)."""
     if cfg.dummy:
         return _build_dummy(cfg, device, batch_per_rank, rank, world_size, need_train)
+    backend, decode, note = resolve_backend(getattr(cfg, "data_backend", "cpu"), device)
     root = cfg.data
     check_data_root(root, need_train=need_train)
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
@@ -337,15 +490,31 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
             raise DataError("train/ has {} images: too few for one batch of {} per process x {} processes "
                             "(drop_last keeps shapes fixed); lower --batch-size".format(
                                 n_train, batch_per_rank, world_size))
-        train_ds = ImageDataset(train_samples, train_transform(cfg.train_crop_size, cfg.crop_scale_min))
         sampler = EpochSampler(n_train, seed, rank, world_size)
-        train_loader = _loader(train_ds, batch_per_rank, sampler, workers, device.pin_memory, True)
-    val_ds = ImageDataset(val_samples, val_transform(cfg.val_resize_size, cfg.val_crop_size))
-    padded = PaddedEvalDataset(val_ds, padded_length(len(val_ds), batch_per_rank, world_size),
-                               (3, cfg.val_crop_size, cfg.val_crop_size))
-    val_loader = _loader(padded, batch_per_rank, ShardSampler(len(padded), rank, world_size),
-                         workers, device.pin_memory, False)
-    info = DataInfo(len(classes), classes, n_train, len(val_ds), layout)
+        crop = train_transform(cfg.train_crop_size, cfg.crop_scale_min)
+        if backend == "gpu":
+            from trainer import batch_decode as bd
+            ds = bd.EncodedDataset(train_samples, True, crop, cfg.train_crop_size)
+            train_loader = bd.DeviceDecodeLoader(
+                _loader(ds, batch_per_rank, sampler, workers, device.pin_memory, True, bd.collate), device, decode,
+                cfg.train_crop_size, True)
+        else:
+            train_loader = _loader(ImageDataset(train_samples, crop), batch_per_rank, sampler, workers,
+                                   device.pin_memory, True)
+    center = val_transform(cfg.val_resize_size, cfg.val_crop_size)
+    length = padded_length(len(val_samples), batch_per_rank, world_size)
+    if backend == "gpu":
+        from trainer import batch_decode as bd
+        padded = bd.PaddedEncoded(bd.EncodedDataset(val_samples, False, center, cfg.val_crop_size),
+                                  length, cfg.val_crop_size)
+        val_loader = bd.DeviceDecodeLoader(
+            _loader(padded, batch_per_rank, ShardSampler(length, rank, world_size), workers, device.pin_memory,
+                    False, bd.collate), device, decode, cfg.val_crop_size, False, resize=cfg.val_resize_size)
+    else:
+        padded = PaddedEvalDataset(ImageDataset(val_samples, center), length, (3, cfg.val_crop_size, cfg.val_crop_size))
+        val_loader = _loader(padded, batch_per_rank, ShardSampler(length, rank, world_size), workers,
+                             device.pin_memory, False)
+    info = DataInfo(len(classes), classes, n_train, len(val_samples), layout, backend, note)
     return train_loader, val_loader, info
 
 

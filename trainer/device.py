@@ -139,6 +139,12 @@ def apex_supports(option):
     return amp is not None and option in inspect.signature(amp.initialize).parameters
 
 
+def prefers_channels_last(kind):
+    """Whether NHWC is the default memory format on ``kind``: CPUs, where oneDNN's convolutions run NHWC
+    (bench/channels_last.py, docs/BENCHMARKS.md). NPU keeps its own formats; CUDA stays NCHW unless asked."""
+    return kind == "cpu"
+
+
 def has_device_ids(kind):
     """Whether devices of ``kind`` are numbered (a CPU is one device; --device-list only counts slots)."""
     return kind != "cpu"
@@ -301,6 +307,7 @@ class Device:
         self.kind = kind
         self.index = index if kind != "cpu" else None
         self.torch_device = torch.device(kind if self.index is None else "{}:{}".format(kind, self.index))
+        self._jpeg = None  # the JPEG decoder, once looked up (False: none)
 
     def __repr__(self):
         return "Device({})".format(self.name)
@@ -511,6 +518,59 @@ class Device:
         return SGDChoice(torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
                          "torch.optim.SGD", grads_to_none=True, note=note)
 
+    # -- JPEG decoding where the model runs (--data-backend gpu)
+    @property
+    def prefers_device_decode(self):
+        """Whether ``--data-backend auto`` decodes batches on this device: CUDA, where nvJPEG outpaces the
+        CPU workers by far (docs/BENCHMARKS.md). NPU stays on the CPU backend unless asked for: DVPP's speed
+        through torchvision_npu has not been measured here."""
+        return self.kind == "cuda" and self.jpeg_decoder() is not None
+
+    def jpeg_decoder_missing(self):
+        if self.kind == "npu":
+            return "the device backend on NPU needs torchvision_npu (Ascend's DVPP decode for torchvision)"
+        return "torchvision {} has no JPEG decode for {}".format(_torchvision_version(), self.kind)
+
+    def jpeg_decoder(self):
+        """``decode(list of uint8 1-D CPU tensors) -> list of uint8 CHW RGB tensors on this device``, or None.
+
+        CUDA: ``torchvision.io.decode_jpeg(..., device=...)`` (nvJPEG; one batched call where torchvision
+        takes a list, 0.19+). NPU: the same call after ``import torchvision_npu``, which routes NPU devices
+        to DVPP. CPU: torchvision's libjpeg decode (what tests exercise). A failing image raises RuntimeError.
+        """
+        if self._jpeg is not None:
+            return self._jpeg or None
+        self._jpeg = False
+        try:
+            from torchvision import io as tio
+            from torchvision.io import ImageReadMode
+        except Exception:
+            return None
+        rgb = ImageReadMode.RGB
+        dev = self.torch_device
+        if self.kind == "npu":
+            try:
+                import torchvision_npu  # noqa: F401  (patches torchvision.io.decode_jpeg for NPU tensors)
+            except Exception:
+                return None
+            init = getattr(getattr(torch.ops, "torchvision", None), "_dvpp_init", None)
+            if init is not None:
+                init()
+            self._jpeg = lambda raws: [tio.decode_jpeg(r, mode=rgb, device=dev) for r in raws]
+        elif self.kind == "cuda":
+            if "device" not in inspect.signature(tio.decode_jpeg).parameters:
+                return None
+            if _torchvision_version() >= (0, 19):  # a list is decoded in one batched nvJPEG call
+                self._jpeg = lambda raws: tio.decode_jpeg(raws, mode=rgb, device=dev)
+            else:
+                self._jpeg = lambda raws: [tio.decode_jpeg(r, mode=rgb, device=dev) for r in raws]
+        else:
+            def decode(raws):
+                with _quiet_stderr():  # libjpeg prints "Corrupt JPEG data" itself; the trainer names the file
+                    return [tio.decode_jpeg(r, mode=rgb) for r in raws]
+            self._jpeg = decode
+        return self._jpeg
+
     # -- distributed
     @property
     def dist_backend(self):
@@ -579,6 +639,30 @@ def torch_load(path, map_location="cpu", weights_only=True):
     if "weights_only" in inspect.signature(torch.load).parameters:
         kwargs["weights_only"] = weights_only
     return torch.load(path, **kwargs)
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 pointed at /dev/null inside (C libraries' own warnings)."""
+    import os
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _torchvision_version():
+    try:
+        import torchvision
+        return tuple(int(p) for p in torchvision.__version__.split("+")[0].split(".")[:2])
+    except Exception:
+        return (0, 0)
 
 
 def versions():

@@ -34,6 +34,8 @@ def preflight(cfg):
     kind = resolve_kind(cfg.device)
     distributed.check_devices(cfg, kind)
     cfg = ampmod.settle(cfg.replace(device=kind), kind)
+    if cfg.channels_last is None:
+        cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
     cfg = cfg.replace(notes=cfg.notes + distributed.check_launch(cfg, kind))
     if cfg.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
@@ -171,10 +173,12 @@ def build(cfg, device, dist, log, rs):
     model = build_model(cfg, num_classes, device, world)
     precision = ampmod.resolve(cfg, device)
     log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
-        "| amp {} | data {} ({} classes, {} train / {} val images)".format(
+        "| amp {} | data {} ({} classes, {} train / {} val images, {} backend)".format(
             cfg.arch, device.name, world, batch_per_rank, cfg.batch_size, cfg.lr, cfg.lr_schedule,
             cfg.warmup_epochs, _amp_label(precision), info.layout, num_classes, info.train_images,
-            info.val_images), all_ranks=True)
+            info.val_images, info.backend), all_ranks=True)
+    if info.note:
+        log("note: " + info.note)
     job = Job(cfg=cfg, device=device, dist=dist, log=log, rs=rs, info=info, num_classes=num_classes,
               batch_per_rank=batch_per_rank,
               seed=seed, precision=precision, train_loader=train_loader, val_loader=val_loader,
@@ -281,6 +285,10 @@ def _train(job, rec):
         if is_best:
             best_acc1 = val["acc1"]
         overflow = job.step.overflow_steps() if job.precision.scaled else 0
+        fallbacks = _fallbacks(job)
+        if fallbacks:
+            log("=> {} image(s) so far decoded on the CPU: not JPEGs the device decodes (PNG, CMYK, ...)".format(
+                fallbacks))
         if overflow:
             log("=> {} step(s) skipped so far for inf/nan gradients (loss scale {})".format(
                 overflow, job.step.loss_scale()))
@@ -336,6 +344,7 @@ def _record(job, totals, last_val=None, **fields):
     job.rs.update(device=job.device.name, world_size=job.dist.world_size,
                   per_device_batch_size=job.batch_per_rank, steps_per_epoch=job.steps,
                   optimizer=job.step.name, data_layout=job.info.layout, train_images=job.info.train_images,
+                  data_backend=job.info.backend, data_fallback_images=getattr(job, "fallback_total", 0),
                   num_classes=job.num_classes, amp=job.step.describe(), trained_steps=t["trained_steps"],
                   overflow_steps=overflow,
                   skipped_fraction=overflow / float(t["trained_steps"]) if t["trained_steps"] else 0.0,
@@ -345,6 +354,18 @@ def _record(job, totals, last_val=None, **fields):
     if last_val is not None:
         job.rs.update(final_acc1=last_val["acc1"], final_acc5=last_val["acc5"], val_images=last_val["images"],
                       val_loss=last_val["loss"])
+
+
+def _fallbacks(job):
+    """Images the device data backend had decoded on the CPU (not JPEG, or a colour mode it does not take),
+    summed over ranks: every rank calls this at the same points."""
+    n = sum(getattr(l, "fallbacks", 0) for l in (job.train_loader, job.val_loader) if l is not None)
+    if job.info.backend != "gpu":
+        return n
+    if job.dist.world_size > 1:
+        n = int(job.dist.all_reduce_sum(job.device.move(torch.tensor([float(n)])))[0].item())
+    job.fallback_total = n
+    return n
 
 
 def evaluate(job):

@@ -1,0 +1,145 @@
+"""The two data backends: the CPU backend's decode-what-the-crop-needs transforms, and the device backend's
+batch decode + augmentation, run here on CPU tensors (the same code that runs on CUDA / NPU tensors)."""
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import SMALL, assert_one_line_error, read_summary, run_main
+from tools.make_dataset import generate
+from trainer import data
+from trainer.device import Device
+
+pytestmark = pytest.mark.timeout(180)
+
+CPU = Device.create("cpu")
+
+
+class Cfg:
+    dummy, channels_last = False, False
+    train_crop_size, crop_scale_min, val_resize_size, val_crop_size = 32, 0.25, 36, 32
+
+    def __init__(self, root, backend):
+        self.data, self.data_backend = root, backend
+
+
+def batches(root, backend, workers, n=3, split="train", batch=8):
+    train, val, info = data.build(Cfg(root, backend), CPU, batch, 0, 1, workers, seed=7)
+    loader = train if split == "train" else val
+    if split == "train":
+        loader.sampler.set_epoch(1)
+    out = []
+    for i, b in enumerate(loader):
+        out.append([t.clone() for t in b])
+        if i + 1 == n:
+            break
+    return out, info
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("photos") / "p")
+    return generate(root, classes=2, train_per_class=12, val_per_class=5, photos=True, seed=3)
+
+
+def test_photos_are_imagenet_sized_jpegs(photos):
+    sizes = []
+    for dirpath, _, files in os.walk(photos):
+        for f in files:
+            with Image.open(os.path.join(dirpath, f)) as img:
+                assert img.format == "JPEG" and img.mode == "RGB"
+                sizes.append(max(img.size))
+    assert len(sizes) == 34 and all(375 <= s <= 1200 for s in sizes)
+
+
+def test_device_backend_is_seeded_alike_for_any_worker_count(photos):
+    a, info = batches(photos, "gpu", 0)
+    b, _ = batches(photos, "gpu", 2)
+    assert info.backend == "gpu"
+    for x, y in zip(a, b):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+    assert a[0][0].dtype == torch.uint8 and tuple(a[0][0].shape) == (8, 3, 32, 32)
+
+
+def test_device_backend_crops_like_the_cpu_backend(photos):
+    """Same seed -> same crops and flips; only the decoder and the resampling filter differ."""
+    g, _ = batches(photos, "gpu", 0)
+    c, info = batches(photos, "cpu", 0)
+    assert info.backend == "cpu"
+    def close(a, b):
+        # grey levels out of 255; a 32-pixel crop of a 500-pixel photo is a 5-15x downscale, where the CPU
+        # backend's draft-mode decode and the bilinear filter differ most; the crops' colours agree closely
+        assert (a.float() - b.float()).abs().mean() < 8.0
+        assert (a.float().mean((2, 3)) - b.float().mean((2, 3))).abs().max() < 3.0
+    for x, y in zip(g, c):
+        assert torch.equal(x[1], y[1])
+        close(x[0], y[0])
+    gv, _ = batches(photos, "gpu", 0, n=2, split="val")
+    cv, _ = batches(photos, "cpu", 0, n=2, split="val")
+    for x, y in zip(gv, cv):
+        assert torch.equal(x[2], y[2])
+        close(x[0], y[0])
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_cpu_crop_equals_torchvision_when_nothing_is_drafted():
+    from torchvision.transforms import functional as F
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 255, (120, 160, 3), dtype=np.uint8))
+    crop = data.TrainCrop(64, 0.5)
+    for seed in range(5):
+        top, left, h, w, flip = crop.params(160, 120, data.sample_rng(seed))
+        ref = F.pil_to_tensor(F.resized_crop(img, top, left, h, w, [64, 64], F.InterpolationMode.BILINEAR))
+        if flip:
+            ref = ref.flip(-1)
+        ours = crop(img.copy(), "x", data.sample_rng(seed))
+        # one resize(box=...) filters the crop's edge pixels with their real neighbours, where crop-then-resize
+        # repeats the edge; everything inside is the same
+        assert (ours.int() - ref.int())[:, 1:-1, 1:-1].abs().max() <= 1
+
+
+def test_draft_mode_decodes_a_small_crop_of_a_big_jpeg_at_reduced_size(tmp_path):
+    path = str(tmp_path / "big.JPEG")
+    Image.fromarray(np.full((800, 1000, 3), 128, dtype=np.uint8)).save(path, quality=90)
+    img = data.open_image(data.read_bytes(path), path)
+    sx, sy = data._draft(img, 300, 240)  # the crop needs 300 x 240 of the whole image's scale
+    assert (sx, sy) == (0.5, 0.5) and img.size == (500, 400)
+    out = data.ValCrop(36, 32)(data.open_image(data.read_bytes(path), path), path)
+    assert tuple(out.shape) == (3, 32, 32) and int(out.float().mean().round()) == 128
+
+
+def test_fallback_files_are_counted_and_a_corrupt_file_stops_the_run(tmp_path):
+    root = generate(str(tmp_path / "d"), classes=2, train_per_class=8, val_per_class=3, size=40, seed=1)
+    cls = sorted(os.listdir(os.path.join(root, "train")))[0]
+    src = os.path.join(root, "train", cls, sorted(os.listdir(os.path.join(root, "train", cls)))[0])
+    Image.open(src).save(os.path.join(root, "train", cls, "png_inside.JPEG"), "PNG")
+    Image.open(src).convert("CMYK").save(os.path.join(root, "train", cls, "cmyk.JPEG"), "JPEG")
+    args = ["-a", "tiny_cnn", "--epochs", "2", "-b", "6", "--device", "cpu", "--data-backend", "gpu", "--seed", "1",
+            "--no-tensorboard"] + SMALL
+    proc = run_main([root, "--output-dir", str(tmp_path / "o")] + args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = read_summary(tmp_path / "o")
+    assert s["data_backend"] == "gpu"
+    # 18 training images, 3 steps of 6 per epoch: each epoch sees all of them, the two fallbacks included
+    assert s["data_fallback_images"] == 2 * 2
+    assert "image(s) so far decoded on the CPU" in proc.stdout
+    shutil.copy(src, os.path.join(root, "train", cls, "zz_broken.JPEG"))
+    with open(os.path.join(root, "train", cls, "zz_broken.JPEG"), "r+b") as f:
+        f.seek(200)
+        f.write(b"\x00" * 64 + b"\xff\xd9")  # a header that reads, data that does not
+        f.truncate()
+    bad = run_main([root, "--output-dir", str(tmp_path / "o2"), "--epochs", "1"] + args[2:])
+    assert_one_line_error(bad, "cannot decode image", "zz_broken.JPEG")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_validation_counts_every_image_once(backend, tmp_path):
+    root = generate(str(tmp_path / "d"), classes=3, train_per_class=4, val_per_class=7, size=40, seed=2)
+    proc = run_main([root, "-e", "-a", "tiny_cnn", "-b", "8", "--device", "cpu", "--data-backend", backend,
+                     "--output-dir", str(tmp_path / "o")] + SMALL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = read_summary(tmp_path / "o", "eval_summary.json")
+    assert s["val_images"] == 21  # 3 batches of 8, the last padded with 3 images that count nowhere
