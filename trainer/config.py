@@ -11,7 +11,7 @@ import os
 import re
 from typing import Optional, Tuple
 
-from trainer.device import KIND_ALIASES, KINDS, canonical_kind
+from trainer.device import DATA_BACKENDS, KIND_ALIASES, KINDS, canonical_kind
 from trainer.cli import UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
 from trainer.errors import UsageError
 
@@ -195,7 +195,7 @@ def build_parser():
     d.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
                    help="NHWC memory format (default: on for CPU, where it is faster; off for NPU and CUDA)")
     d.add_argument("--no-channels-last", dest="channels_last", action="store_false", help="NCHW memory format")
-    d.add_argument("--data-backend", choices=("auto", "cpu", "gpu"), default="auto",
+    d.add_argument("--data-backend", choices=DATA_BACKENDS, default="auto",
                    help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode "
                         "decode), gpu (workers read bytes; whole batches are decoded and cropped on the device: "
                         "nvJPEG on CUDA, DVPP via torchvision_npu on NPU); auto: gpu on CUDA, cpu elsewhere")

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from trainer.device import DEVICE_DECODE, HOST_DECODE
 from trainer.errors import DataError
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -455,25 +456,26 @@ def _loader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=
 def resolve_backend(requested, device):
     """(backend, decoder or None, note or None) for ``--data-backend``: ``auto`` is the device backend where
     the device prefers decoding there (CUDA with torchvision's nvJPEG decode), the CPU backend otherwise."""
-    if requested == "cpu":
-        return "cpu", None, None
+    if requested == HOST_DECODE:
+        return HOST_DECODE, None, None
     decode = device.jpeg_decoder()
     if requested == "auto":
-        return ("gpu", decode, None) if decode is not None and device.prefers_device_decode else ("cpu", None, None)
+        return (DEVICE_DECODE, decode, None) if decode is not None and device.prefers_device_decode else \
+            (HOST_DECODE, None, None)
     if decode is None:
         raise DataError("--data-backend gpu: {} has no JPEG decoder here ({}); use --data-backend cpu".format(
             device.name, device.jpeg_decoder_missing()))
     note = None if device.prefers_device_decode else (
         "--data-backend gpu on {}: batches are decoded in the training process, not in the workers (slower "
         "than --data-backend cpu; useful to check the device backend)".format(device.name))
-    return "gpu", decode, note
+    return DEVICE_DECODE, decode, note
 
 
 def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_train=True):
     """(train_loader or None, val_loader, DataInfo)."""
     if cfg.dummy:
         return _build_dummy(cfg, device, batch_per_rank, rank, world_size, need_train)
-    backend, decode, note = resolve_backend(getattr(cfg, "data_backend", "cpu"), device)
+    backend, decode, note = resolve_backend(getattr(cfg, "data_backend", HOST_DECODE), device)
     root = cfg.data
     check_data_root(root, need_train=need_train)
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
@@ -492,7 +494,7 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
                                 n_train, batch_per_rank, world_size))
         sampler = EpochSampler(n_train, seed, rank, world_size)
         crop = train_transform(cfg.train_crop_size, cfg.crop_scale_min)
-        if backend == "gpu":
+        if backend == DEVICE_DECODE:
             from trainer import batch_decode as bd
             ds = bd.EncodedDataset(train_samples, True, crop, cfg.train_crop_size)
             train_loader = bd.DeviceDecodeLoader(
@@ -503,7 +505,7 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
                                    device.pin_memory, True)
     center = val_transform(cfg.val_resize_size, cfg.val_crop_size)
     length = padded_length(len(val_samples), batch_per_rank, world_size)
-    if backend == "gpu":
+    if backend == DEVICE_DECODE:
         from trainer import batch_decode as bd
         padded = bd.PaddedEncoded(bd.EncodedDataset(val_samples, False, center, cfg.val_crop_size),
                                   length, cfg.val_crop_size)

@@ -102,6 +102,10 @@ def resolve_kind(requested):
     return requested
 
 
+# --data-backend: where JPEGs are decoded and augmented: in the CPU data-loader workers, or on the device
+HOST_DECODE, DEVICE_DECODE = "cpu", "gpu"
+DATA_BACKENDS = ("auto", HOST_DECODE, DEVICE_DECODE)
+
 KIND_ALIASES = {"gpu": "cuda"}  # the Ascend guide's parser: --device "npu or gpu"
 
 

@@ -360,7 +360,7 @@ def _fallbacks(job):
     """Images the device data backend had decoded on the CPU (not JPEG, or a colour mode it does not take),
     summed over ranks: every rank calls this at the same points."""
     n = sum(getattr(l, "fallbacks", 0) for l in (job.train_loader, job.val_loader) if l is not None)
-    if job.info.backend != "gpu":
+    if job.info.backend != devmod.DEVICE_DECODE:
         return n
     if job.dist.world_size > 1:
         n = int(job.dist.all_reduce_sum(job.device.move(torch.tensor([float(n)])))[0].item())
