@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -63,9 +64,11 @@ def _proc_cpu(pid):
 
 
 def cpu_seconds():
-    """CPU seconds used so far by this process and its living children (the loader's workers), from /proc."""
+    """CPU seconds used so far by this process and its children (the loader's workers): the living ones from
+    /proc, the ended ones from getrusage."""
     me = os.getpid()
-    total = _proc_cpu(me)[1]
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)  # workers that already ended (and were reaped)
+    total = _proc_cpu(me)[1] + done.ru_utime + done.ru_stime
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != me:
             ppid, secs = _proc_cpu(entry)

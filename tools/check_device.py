@@ -16,7 +16,7 @@ Checks (each PASS or FAIL, printed as a table and written as JSON):
                   step loop with the same precision on one batch kept on the device, in this process;
                   PASS at 90 % of the bare loop or more (75 % with --small); then the trainer fed from
                   photo-like JPEGs (tools/make_dataset.py --photos, hard-linked to enough files; the
-                  default --data-backend: the device's decoder on CUDA), which must reach 90 % (ResNet50)
+                  default --data-backend, with a worker per CPU core), which must reach 90 % (ResNet50)
                   / 70 % (ShuffleNetV2) of the synthetic images/s (no bound with --small)
   onnx            export of the train-amp checkpoint, checked with onnxruntime
   precision       CPU against the device, both in strict float32, per module (tools/compare_precision.py):

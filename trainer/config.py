@@ -198,7 +198,8 @@ def build_parser():
     d.add_argument("--data-backend", choices=DATA_BACKENDS, default="auto",
                    help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode "
                         "decode), gpu (workers read bytes; whole batches are decoded and cropped on the device: "
-                        "nvJPEG on CUDA, DVPP via torchvision_npu on NPU); auto: gpu on CUDA, cpu elsewhere")
+                        "nvJPEG on CUDA, DVPP via torchvision_npu on NPU); auto: cpu, the faster of the two as measured "
+                        "(docs/BENCHMARKS.md)")
 
     t = p.add_argument_group("recipe")
     t.add_argument("--recipe", default=None, metavar="NAME",

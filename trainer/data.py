@@ -455,7 +455,7 @@ def _loader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=
 
 def resolve_backend(requested, device):
     """(backend, decoder or None, note or None) for ``--data-backend``: ``auto`` is the device backend where
-    the device prefers decoding there (CUDA with torchvision's nvJPEG decode), the CPU backend otherwise."""
+    the device layer prefers decoding there (``Device.prefers_device_decode``), the CPU backend otherwise."""
     if requested == HOST_DECODE:
         return HOST_DECODE, None, None
     decode = device.jpeg_decoder()

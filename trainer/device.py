@@ -525,10 +525,11 @@ class Device:
     # -- JPEG decoding where the model runs (--data-backend gpu)
     @property
     def prefers_device_decode(self):
-        """Whether ``--data-backend auto`` decodes batches on this device: CUDA, where nvJPEG outpaces the
-        CPU workers by far (docs/BENCHMARKS.md). NPU stays on the CPU backend unless asked for: DVPP's speed
-        through torchvision_npu has not been measured here."""
-        return self.kind == "cuda" and self.jpeg_decoder() is not None
+        """Whether ``--data-backend auto`` decodes batches on this device. Not yet anywhere: on an H100 with 16
+        CPU cores the CPU backend fed ResNet50 at 3,800 img/s and the device backend at 1,873 (its per-image
+        crop/resize launches in the training process cost more than nvJPEG saves; docs/BENCHMARKS.md), and
+        DVPP through torchvision_npu has not been measured. ``--data-backend gpu`` asks for it."""
+        return False
 
     def jpeg_decoder_missing(self):
         if self.kind == "npu":
@@ -564,10 +565,24 @@ class Device:
         elif self.kind == "cuda":
             if "device" not in inspect.signature(tio.decode_jpeg).parameters:
                 return None
-            if _torchvision_version() >= (0, 19):  # a list is decoded in one batched nvJPEG call
-                self._jpeg = lambda raws: tio.decode_jpeg(raws, mode=rgb, device=dev)
-            else:
-                self._jpeg = lambda raws: [tio.decode_jpeg(r, mode=rgb, device=dev) for r in raws]
+            batched = _torchvision_version() >= (0, 19)  # a list is decoded in one batched nvJPEG call
+            side = torch.cuda.Stream(dev)
+
+            def decode(raws):
+                # torchvision's CUDA decoder allocates its outputs on the current stream but writes them from a
+                # private stream that does not wait for the current one, so it can be handed (and overwrite)
+                # memory that kernels queued on the current stream still read: a training step's activations,
+                # which then turn to NaN. Its outputs are therefore allocated in a stream of their own, the
+                # training stream waits for them, and each is marked as used there before it is freed.
+                cur = torch.cuda.current_stream(dev)
+                with torch.cuda.stream(side):
+                    out = tio.decode_jpeg(raws, mode=rgb, device=dev) if batched else \
+                        [tio.decode_jpeg(r, mode=rgb, device=dev) for r in raws]
+                cur.wait_stream(side)
+                for t in out:
+                    t.record_stream(cur)
+                return out
+            self._jpeg = decode
         else:
             def decode(raws):
                 with _quiet_stderr():  # libjpeg prints "Corrupt JPEG data" itself; the trainer names the file
