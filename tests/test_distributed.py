@@ -111,16 +111,6 @@ def test_910b_guide_train_sh_loop_is_one_job(data70, single, tmp_path):
     assert "2 process(es)" in outs[0][0] and "Epoch: [0]" not in outs[1][0]
 
 
-def test_ascend_guide_local_rank_loop_with_spawn_flags_is_one_job(data70, single, tmp_path):
-    """seed 000's loop: LOCAL_RANK=$RANK_ID exported, `--rank 0 --world-size 1 --multiprocessing-distributed`:
-    each process is one rank of the node (nothing spawned); here 2 slots from --device-list."""
-    shared = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    _loop(data70, tmp_path, lambda r: {"LOCAL_RANK": str(r)},
-          lambda r: ["--rank", "0", "--world-size", "1", "--dist-url", "env://", "--multiprocessing-distributed",
-                     "--device-list", "0,1"], shared)
-    assert_same_as_single(tmp_path, single)
-
-
 def test_two_node_ranks_on_one_machine(data70, single, tmp_path):
     """--world-size 2 nodes x 1 process, node ranks 0 and 1, rendezvous by --addr/--port."""
     port = str(free_port())

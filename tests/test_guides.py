@@ -14,13 +14,14 @@ from conftest import PY, ROOT, SMALL, assert_one_line_error, read_lines, read_su
 from trainer import lock
 from trainer.errors import UsageError
 
-RUN = ["-a", "tiny_cnn", "-b", "4", "--lr", "0.05", "--seed", "3", "--device", "cpu", "-p", "1"] + SMALL[:6] + \
-    ["-j", "0"]
+RUN = ["-a", "tiny_cnn", "-b", "4", "--lr", "0.05", "--seed", "3", "--device", "cpu", "-p", "1",
+       "--max-steps-per-epoch", "8", "--no-tensorboard"] + SMALL[:6] + ["-j", "0"]
 
 
 def start(data, out, *extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data, "--output-dir", str(out)] + RUN + list(extra),
+    return subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data, "--output-dir", str(out), "--no-validate"]
+                            + RUN + list(extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 
 
@@ -62,7 +63,8 @@ def test_a_lock_left_by_kill_9_does_not_block_resume_auto(shapes, tmp_path):
         a.send_signal(signal.SIGKILL)
         a.communicate(timeout=60)
     assert os.path.exists(os.path.join(str(tmp_path), lock.LOCK))  # the file stays; nothing holds it
-    b = run_main([shapes, "--output-dir", str(tmp_path), "--epochs", "2", "--resume", "auto"] + RUN, timeout=180)
+    b = run_main([shapes, "--output-dir", str(tmp_path), "--epochs", "2", "--resume", "auto", "--no-validate"] + RUN,
+                 timeout=180)
     assert b.returncode == 0, b.stderr[-2000:]
     assert "note: took over the lock of the run of pid {}".format(a.pid) in b.stdout
     assert "=> resumed" in b.stdout

@@ -10,7 +10,6 @@ backend). The PNG is written to a temporary name and renamed; an existing file i
 Exit codes: 0 written; 2 a usage error (one line on stderr): a folder without metrics.jsonl, no records,
 matplotlib missing, an existing output without --force.
 """
-import argparse
 import json
 import os
 import sys

@@ -16,7 +16,6 @@ rejects is decoded on the CPU, which names it if it is corrupt.
 """
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 DEVICE_MODES = ("RGB", "L")  # JPEG colour modes the device decoders convert to RGB themselves
 
