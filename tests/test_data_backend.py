@@ -117,21 +117,21 @@ def test_fallback_files_are_counted_and_a_corrupt_file_stops_the_run(tmp_path):
     src = os.path.join(root, "train", cls, sorted(os.listdir(os.path.join(root, "train", cls)))[0])
     Image.open(src).save(os.path.join(root, "train", cls, "png_inside.JPEG"), "PNG")
     Image.open(src).convert("CMYK").save(os.path.join(root, "train", cls, "cmyk.JPEG"), "JPEG")
-    args = ["-a", "tiny_cnn", "--epochs", "2", "-b", "6", "--device", "cpu", "--data-backend", "gpu", "--seed", "1",
+    args = ["-a", "tiny_cnn", "--epochs", "1", "-b", "6", "--device", "cpu", "--data-backend", "gpu", "--seed", "1",
             "--no-tensorboard"] + SMALL
     proc = run_main([root, "--output-dir", str(tmp_path / "o")] + args)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = read_summary(tmp_path / "o")
     assert s["data_backend"] == "gpu"
-    # 18 training images, 3 steps of 6 per epoch: each epoch sees all of them, the two fallbacks included
-    assert s["data_fallback_images"] == 2 * 2
+    # 18 training images, 3 steps of 6: the epoch sees all of them, the two fallbacks included
+    assert s["data_fallback_images"] == 2
     assert "image(s) so far decoded on the CPU" in proc.stdout
     shutil.copy(src, os.path.join(root, "train", cls, "zz_broken.JPEG"))
     with open(os.path.join(root, "train", cls, "zz_broken.JPEG"), "r+b") as f:
         f.seek(200)
         f.write(b"\x00" * 64 + b"\xff\xd9")  # a header that reads, data that does not
         f.truncate()
-    bad = run_main([root, "--output-dir", str(tmp_path / "o2"), "--epochs", "1"] + args[2:])
+    bad = run_main([root, "--output-dir", str(tmp_path / "o2")] + args)
     assert_one_line_error(bad, "cannot decode image", "zz_broken.JPEG")
 
 

@@ -88,8 +88,8 @@ def test_examples_lines_unchanged_when_piped(resumed):
 def test_progress_bar_on_a_terminal(shapes, tmp_path):
     master, slave = pty.openpty()
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2", COLUMNS="120")
-    p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), shapes, "--output-dir", str(tmp_path), "--epochs", "1"]
-                         + RUN, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
+    p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), shapes, "--output-dir", str(tmp_path), "--epochs", "1",
+                          "--max-steps-per-epoch", "6"] + RUN, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
     os.close(slave)
     out = b""
     deadline = time.monotonic() + 200
@@ -108,7 +108,7 @@ def test_progress_bar_on_a_terminal(shapes, tmp_path):
     os.close(master)
     text = out.decode("utf-8", "replace")
     assert p.returncode == 0, p.stderr.read()[-2000:]
-    assert re.search(r"Epoch 0: +100%\|.*\| 20/20 ", text), text[-2000:]
+    assert re.search(r"Epoch 0: +100%\|.*\| 6/6 ", text), text[-2000:]
     assert "loss " in text and "acc1 " in text and "img/s " in text  # the running values in the bar
     assert "\tData " not in text  # the examples' step lines are replaced by the bar
     assert " *   Acc@1 " in text and "=> summary:" in text
@@ -151,5 +151,14 @@ def test_plot_runs_writes_a_png_and_rejects_a_folder_without_metrics(resumed, sh
     bad = run_tool("plot_runs.py", [str(out), shapes, "-o", str(tmp_path / "x.png")])
     assert_one_line_error(bad, "'{}' has no metrics.jsonl".format(shapes))
     assert not os.path.exists(str(tmp_path / "x.png"))
-    again = run_tool("plot_runs.py", [str(out), "-o", png])
-    assert_one_line_error(again, "exists: pass --force")
+
+
+def test_plot_runs_keeps_an_existing_file(tmp_path, capsys):
+    from conftest import assert_call_error
+    from tools import plot_runs
+    from trainer import cli
+    png = tmp_path / "runs.png"
+    png.write_bytes(b"an earlier plot")
+    assert_call_error(lambda argv: cli.run(plot_runs.main, argv), [str(tmp_path), "-o", str(png)], capsys,
+                      "exists: pass --force")
+    assert png.read_bytes() == b"an earlier plot"
