@@ -3,6 +3,7 @@ and the one-line user-error contract."""
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,28 @@ def read_lines(proc, until, timeout=120):
             lines.append(raw.decode("utf-8", "replace"))
             if until(lines):
                 return lines
+
+
+def finish(proc, timeout=120):
+    """``proc.communicate()`` within ``timeout`` seconds. A child still running then is made to print every
+    thread's Python stack (it runs with PYTHONFAULTHANDLER=1, see ``child_env``; SIGABRT triggers the dump)
+    and the test fails with that dump, so a hang says where it is."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail("the child did not end within {} s; its stacks:\n{}\nstdout tail:\n{}".format(
+            timeout, (err or "")[-6000:], (out or "")[-2000:]))
+
+
+def child_env(**extra):
+    """The environment for a child started with Popen: unbuffered, 2 threads, stacks dumped on SIGABRT."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2", PYTHONFAULTHANDLER="1", **extra)
 
 
 def gone(pid, within=0.0):

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, read_lines, read_summary, run_main
+from conftest import PY, ROOT, SMALL, child_env, finish, read_lines, read_summary, run_main
 from tools.make_dataset import generate
 
 TRAIN = ["-a", "tiny_cnn", "--lr", "0.1", "-b", "16", "--wd", "0", "--crop-scale-min", "0.35", "--seed", "0"] + SMALL
@@ -162,16 +162,17 @@ def test_exception_while_writing_checkpoint_keeps_previous_and_cleans_up(tmp_pat
 
 
 def test_ctrl_c_writes_interrupted_summary(shapes, tmp_path):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
     p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), shapes, "-a", "resnet18", "--epochs", "50", "-b", "4",
                           "--output-dir", str(tmp_path), "-p", "1"] + SMALL[:6] + ["-j", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
                          # a background job inherits SIGINT ignored; a terminal's Ctrl-C is not
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     read_lines(p, lambda lines: re.match(r"Epoch: \[0\]\[\s*2/", lines[-1]), timeout=120)
     p.send_signal(signal.SIGINT)
-    p.communicate(timeout=120)
-    assert p.returncode == 130
+    out, err = finish(p, timeout=120)
+    assert p.returncode == 130, err[-2000:]
+    assert err.strip().splitlines() == ["interrupted: summary and checkpoints in '{}'; continue with --resume auto"
+                                        .format(tmp_path)], err
     assert read_summary(tmp_path)["status"] == "interrupted"
 
 

@@ -333,7 +333,8 @@ def spawn(cfg, kind, worker):
             r = ranks.supervise()
     except Interrupted as exc:
         ranks.stop()
-        sys.stderr.write("error: interrupted; all ranks stopped\n")
+        sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
+                         "--resume auto\n".format(cfg.output_dir))
         return exc.exit_code
     finally:
         if ranks.running():

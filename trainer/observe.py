@@ -19,6 +19,11 @@ from trainer import checkpoint
 METRICS = "metrics.jsonl"
 
 
+# how often TensorBoard's writer thread flushes on its own (its default, 120 s, leaves a live board stale
+# for two minutes; a shorter period also bounds any wait in its closing flush)
+FLUSH_SECONDS = 10
+
+
 class Silent:
     """The recorder of ranks other than 0, and of runs that record nothing."""
 
@@ -89,7 +94,8 @@ class Recorder(Silent):
             else:
                 # purge_step: events at or after the resumed position were written by a run that did not
                 # reach its next checkpoint, and are discarded, so the curve stays one line
-                self.tb = SummaryWriter(tb_dir, purge_step=resume_epoch * steps_per_epoch + 1 if resume_epoch else None)
+                self.tb = SummaryWriter(tb_dir, purge_step=resume_epoch * steps_per_epoch + 1 if resume_epoch else None,
+                                        flush_secs=FLUSH_SECONDS)
                 if not resume_epoch:
                     self.tb.add_text("config", "```\n{}\n```".format(json.dumps(config, indent=1, default=str)), 0)
 

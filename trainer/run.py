@@ -115,7 +115,11 @@ def worker(cfg):
         return evaluate(job) if cfg.evaluate else train(job)
     except KeyboardInterrupt:
         _finish(rs, "interrupted", "interrupted by the user")
-        log.warn("interrupted")
+        if dist.is_main and cfg.launch != "spawn":  # spawn's parent says it for all ranks
+            sys.stderr.write(interrupted_line(cfg) + "\n")
+            sys.stderr.flush()
+        else:
+            log.warn("interrupted")
         return 130
     except Diverged as exc:
         _finish(rs, "diverged", exc.message(), diverged=exc.info)
@@ -131,6 +135,10 @@ def worker(cfg):
         raise
     finally:
         dist.close()
+
+
+def interrupted_line(cfg):
+    return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(cfg.output_dir)
 
 
 def _finish(rs, status, error, **fields):
