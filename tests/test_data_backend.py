@@ -84,6 +84,47 @@ def test_device_backend_crops_like_the_cpu_backend(photos):
         close(x[0], y[0])
 
 
+def _images(sizes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
+
+
+def test_batched_crop_resize_copies_an_identity_region_and_is_independent_of_its_batch(monkeypatch):
+    from trainer import batch_decode as bd
+    imgs = _images([(40, 50), (64, 32), (30, 30), (100, 80)])
+    assert torch.equal(bd.resized_crops([imgs[2]], [(0.0, 0.0, 30.0, 30.0)], 30, [False])[0], imgs[2])
+    assert torch.equal(bd.resized_crops([imgs[2]], [(0.0, 0.0, 30.0, 30.0)], 30, [True])[0], imgs[2].flip(-1))
+    # regions touching the images' right and bottom edges: a smaller image padded to a bigger one's size
+    # reads its own last row and column, as it does alone
+    rois = [(5.0, 7.0, 40.0, 50.0), (10.0, 0.0, 64.0, 32.0), (0.0, 0.0, 30.0, 30.0), (20.0, 30.0, 100.0, 80.0)]
+    flips = [False, True, False, True]
+    alone = [bd.resized_crops([im], [roi], 24, [f])[0] for im, roi, f in zip(imgs, rois, flips)]
+    together = bd.resized_crops(imgs, rois, 24, flips)
+    for a, b in zip(alone, together):
+        assert torch.equal(a, b)
+    monkeypatch.setattr(bd, "CHUNK_PIXELS", 40 * 50 * 2)  # several padded buffers, one per chunk
+    assert torch.equal(bd.resized_crops(imgs, rois, 24, flips), together)
+
+
+def test_batched_crop_resize_is_close_to_antialiased_interpolation():
+    """roi_align's box filter against the triangle filter of torchvision's antialiased resize, on smooth
+    images (shrinking up to 4x and enlarging): a fraction of a grey level apart on average."""
+    from trainer import batch_decode as bd
+    g = torch.Generator().manual_seed(1)
+    sizes = [(40, 50), (64, 32), (96, 96), (100, 80)]
+    imgs = [torch.nn.functional.interpolate(torch.rand(1, 3, 8, 8, generator=g), size=hw, mode="bilinear",
+                                            align_corners=False).mul(255).round().byte()[0] for hw in sizes]
+    rois = [(5.0, 7.0, 40.0, 50.0), (10.0, 0.0, 64.0, 32.0), (0.0, 0.0, 96.0, 96.0), (30.0, 40.0, 42.0, 52.0)]
+    loader = bd.DeviceDecodeLoader.__new__(bd.DeviceDecodeLoader)
+    loader.size = 24
+    batched = bd.resized_crops(imgs, rois, 24, [False] * 4).float()
+    single = torch.stack([loader._augment(im, roi, False) for im, roi in zip(imgs, rois)]).float()
+    assert (batched - single).abs().mean() < 1.0
+    # most apart on a region's border: the image-by-image path sees only the crop, roi_align also the
+    # pixels just outside it (as PIL's resize with a box does)
+    assert (batched - single).abs().max() <= 16
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_cpu_crop_equals_torchvision_when_nothing_is_drafted():
     from torchvision.transforms import functional as F

@@ -3,11 +3,13 @@ the model runs.
 
 Workers only read each file's bytes and its header (size, format, colour mode), draw the sample's crop
 and flip from its seed exactly as the CPU backend does (``data.TrainCrop.params``: the same draws, so the
-same crop for the same seed), and hand over (bytes, box, flip). The training process decodes
-the batch with the device's decoder (``Device.jpeg_decoder``: nvJPEG through torchvision.io.decode_jpeg on
-CUDA, DVPP through torchvision_npu on NPU, libjpeg on the CPU) and crops, resizes (bilinear, antialiased:
-torchvision's tensor ``resized_crop``) and flips each image on the device, uint8 until the normaliser.
-Validation: ``Resize`` then ``CenterCrop`` on the device, torchvision's tensor semantics.
+same crop for the same seed), and hand over (bytes, box, flip). The training process decodes the batch
+with the device's decoder (``Device.jpeg_decoder``: nvJPEG through torchvision.io.decode_jpeg on CUDA,
+DVPP through torchvision_npu on NPU, libjpeg on the CPU), then crops, resizes and flips the whole batch in
+a few device calls (``resized_crops``: torchvision's ``roi_align``; image by image with antialiased
+``interpolate`` where the device has no roi_align), uint8 until the normaliser. Validation: the region
+that ``Resize`` then ``CenterCrop`` keep, resized the same way. On CUDA all of it runs on a stream of its
+own (``Device.data_stream``), overlapping the training step already queued.
 
 Files the device decoder cannot take (not a JPEG, e.g. a PNG named .JPEG; CMYK or other colour modes) are
 decoded by the worker with the CPU backend's transform, same crop, and counted (``fallbacks``). A file whose
@@ -56,10 +58,14 @@ _NO_IMAGE = torch.zeros(0, dtype=torch.uint8)
 
 
 def collate(batch):
-    """Lists for the variable-size parts, tensors for the rest; a trailing ``valid`` (padded validation) kept."""
+    """The batch's file bytes in one buffer with their lengths (a worker hands over one shared-memory block
+    per batch, not one per image), lists for the other variable-size parts, tensors for the rest; a
+    trailing ``valid`` (padded validation) kept."""
     cols = list(zip(*batch))
-    out = [list(cols[0]), torch.stack(cols[1]), torch.tensor(cols[2], dtype=torch.bool), list(cols[3]),
-           torch.tensor(cols[4]), list(cols[5])]
+    raws = cols[0]
+    lengths = torch.tensor([r.numel() for r in raws], dtype=torch.int64)
+    out = [(torch.cat(raws) if raws else _EMPTY, lengths), torch.stack(cols[1]), torch.tensor(cols[2], dtype=torch.bool),
+           list(cols[3]), torch.tensor(cols[4]), list(cols[5])]
     if len(cols) > 6:
         out.append(torch.tensor(cols[6], dtype=torch.bool))
     return out
@@ -88,31 +94,67 @@ class DeviceDecodeLoader:
         self.size, self.train, self.resize = size, train, resize
         self.sampler = loader.sampler
         self.fallbacks = 0  # samples the workers decoded on the CPU
+        self._batched = None  # whether resized_crops (roi_align) runs on this device; None: not tried yet
 
     def __len__(self):
         return len(self.loader)
 
     def __iter__(self):
         for batch in self.loader:
-            raw, boxes, flips, fallback, target, paths = batch[:6]
+            (buf, lengths), boxes, flips, fallback, target, paths = batch[:6]
+            raw = list(torch.split(buf, lengths.tolist()))  # views, one per image
             images = self.decode_batch(raw, boxes, flips, fallback, paths)
             yield (images, target) if len(batch) == 6 else (images, target, batch[6])
 
     def decode_batch(self, raw, boxes, flips, fallback, paths):
-        n, s = len(raw), self.size
-        out = torch.empty((n, 3, s, s), dtype=torch.uint8, device=self.device.torch_device)
-        todo = [k for k in range(n) if raw[k].numel() > 0]
-        for k in range(n):
-            if raw[k].numel() == 0:
-                out[k] = self.device.move(fallback[k])
-                if paths[k]:
-                    self.fallbacks += 1
-        decoded = self._decode([raw[k] for k in todo], [paths[k] for k in todo])
-        for k, img in zip(todo, decoded):
-            if img.device != out.device:  # decoded on the CPU after the device decoder refused it
-                img = self.device.move(img)
-            out[k] = self._augment(img, boxes[k].tolist(), bool(flips[k]))
+        with self.device.data_stream() as handoff:
+            out = self._decode_batch(raw, boxes, flips, fallback, paths)
+            handoff(out)
         return out
+
+    def _decode_batch(self, raw, boxes, flips, fallback, paths):
+        n, s = len(raw), self.size
+        out = None
+        todo = [k for k in range(n) if raw[k].numel() > 0]
+        ready = [k for k in range(n) if raw[k].numel() == 0]
+        if ready:
+            out = torch.empty((n, 3, s, s), dtype=torch.uint8, device=self.device.torch_device)  # decoded (and augmented) by the workers: one transfer
+            self.fallbacks += sum(1 for k in ready if paths[k])
+            out[self.device.upload(torch.tensor(ready))] = self.device.move(torch.stack([fallback[k] for k in ready]))
+        decoded = self._decode([raw[k] for k in todo], [paths[k] for k in todo])
+        decoded = [img if img.device == self.device.torch_device else self.device.move(img) for img in decoded]
+        if not decoded:
+            return out
+        rois = [self._roi(img, boxes[k].tolist()) for k, img in zip(todo, decoded)]
+        flip = [bool(flips[k]) for k in todo]
+        if self._batched is not False:
+            try:
+                res = resized_crops(decoded, rois, s, flip, self.device.upload)
+                self._batched = True
+            except (RuntimeError, NotImplementedError):  # no roi_align for this device: image by image
+                if self._batched:
+                    raise
+                self._batched = False
+        if self._batched is False:
+            res = torch.stack([self._augment(img, box, f) for img, box, f in zip(decoded, rois, flip)])
+        if out is None:
+            return res
+        out[self.device.upload(torch.tensor(todo))] = res
+        return out
+
+    def _roi(self, img, box):
+        """The source region (y1, x1, y2, x2) that becomes the output: the sample's crop (train), or the part
+        of the image that Resize(resize) then CenterCrop(size) keep, in source pixels (validation)."""
+        if self.train:
+            top, left, h, w = box
+            return float(top), float(left), float(top + h), float(left + w)
+        s, hh, ww = self.size, img.shape[-2], img.shape[-1]
+        short, long_ = (hh, ww) if hh <= ww else (ww, hh)
+        new_long = int(self.resize * long_ / short)  # torchvision's Resize(int)
+        rh, rw = (self.resize, new_long) if hh <= ww else (new_long, self.resize)
+        top, left = int(round((rh - s) / 2.0)), int(round((rw - s) / 2.0))
+        sy, sx = hh / float(rh), ww / float(rw)
+        return top * sy, left * sx, (top + s) * sy, (left + s) * sx
 
     def _decode(self, raws, paths):
         if not raws:
@@ -131,24 +173,79 @@ class DeviceDecodeLoader:
                     self.fallbacks += 1
             return out
 
-    def _augment(self, img, box, flip):
+    def _augment(self, img, roi, flip):
+        """One image: the region ``roi`` resized to size x size (antialiased bilinear), flipped if asked."""
         s = self.size
         if img.shape[0] == 1:
             img = img.expand(3, -1, -1)
-        if self.train:
-            top, left, h, w = box
-            x = img[:, top:top + h, left:left + w].unsqueeze(0).float()
-            x = F.interpolate(x, size=(s, s), mode="bilinear", align_corners=False, antialias=True)
-        else:
-            hh, ww = img.shape[1], img.shape[2]
-            short, long_ = (hh, ww) if hh <= ww else (ww, hh)
-            new_long = int(self.resize * long_ / short)  # torchvision's Resize(int)
-            size = (self.resize, new_long) if hh <= ww else (new_long, self.resize)
-            x = F.interpolate(img.unsqueeze(0).float(), size=size, mode="bilinear", align_corners=False,
-                              antialias=True)
-            top = int(round((size[0] - s) / 2.0))
-            left = int(round((size[1] - s) / 2.0))
-            x = x[:, :, top:top + s, left:left + s]
+        y1, x1, y2, x2 = (int(round(v)) for v in roi)
+        y1, x1 = max(y1, 0), max(x1, 0)
+        y2, x2 = max(min(y2, img.shape[1]), y1 + 1), max(min(x2, img.shape[2]), x1 + 1)
+        x = img[:, y1:y2, x1:x2].unsqueeze(0).float()
+        x = F.interpolate(x, size=(s, s), mode="bilinear", align_corners=False, antialias=True)
         x = x.round_().clamp_(0, 255).to(torch.uint8)[0]
         return x.flip(-1) if flip else x
 
+
+# pixels (images x padded height x padded width) resized in one roi_align call: bounds its float32 buffer
+# (3 channels: 384 MiB); a larger image gets a call of its own
+CHUNK_PIXELS = 1 << 25
+
+
+def resized_crops(images, rois, size, flips, upload=None):
+    """A batch's crops and resizes in a few device calls: ``images`` (uint8 CHW, any sizes, one device),
+    ``rois`` (y1, x1, y2, x2) in source pixels, ``flips`` (bools) -> uint8 (N, 3, size, size). ``upload``
+    puts a host tensor on the images' device (``Device.upload``: without waiting for queued work).
+
+    Images of similar size share a padded float32 buffer (one copy each; the padding repeats each image's
+    last row and column, so a region touching the image's edge reads what a lone image would), and
+    ``torchvision.ops.roi_align`` (aligned, adaptive sampling) resizes every region at once: each output
+    pixel is the mean of bilinear samples spaced at most one source pixel apart over its footprint (a box
+    filter when shrinking, plain bilinear when enlarging). torchvision's antialiased ``resize`` weighs the
+    same footprint with a triangle instead: outputs differ by a few levels where the image has detail."""
+    from torchvision.ops import roi_align
+    n = len(images)
+    dev = images[0].device
+    upload = upload or (lambda t: t.to(dev))
+    sizes = [tuple(img.shape[-2:]) for img in images]
+    order = sorted(range(n), key=lambda k: sizes[k][0] * sizes[k][1])
+    chunks, start = [], 0
+    while start < n:  # consecutive (by area) images while the padded buffer stays within CHUNK_PIXELS
+        stop, hmax, wmax = start, 0, 0
+        while stop < n:
+            h, w = sizes[order[stop]]
+            hh, ww = max(hmax, h), max(wmax, w)
+            if stop > start and (stop - start + 1) * hh * ww > CHUNK_PIXELS:
+                break
+            stop, hmax, wmax = stop + 1, hh, ww
+        chunks.append((start, stop, hmax, wmax))
+        start = stop
+    # every size, region, destination and flip in one transfer
+    meta = upload(torch.tensor([[sizes[k][0], sizes[k][1], rois[k][1], rois[k][0], rois[k][3], rois[k][2], k,
+                                 1.0 if flips[k] else 0.0] for k in order], dtype=torch.float32))
+    res = torch.empty((n, 3, size, size), dtype=torch.uint8, device=dev)
+    for start, stop, hmax, wmax in chunks:
+        m = meta[start:stop]
+        crops = _roi_chunk(roi_align, [images[k] for k in order[start:stop]], m, size, hmax, wmax)
+        crops = crops.round_().clamp_(0, 255).to(torch.uint8)
+        crops = torch.where(m[:, 7].view(-1, 1, 1, 1) > 0, crops.flip(-1), crops)
+        res.index_copy_(0, m[:, 6].long(), crops)
+    return res
+
+
+def _roi_chunk(roi_align, images, meta, size, hmax, wmax):
+    n, dev = len(images), images[0].device
+    buf = torch.empty((n, 3, hmax, wmax), dtype=torch.float32, device=dev)
+    small_h = small_w = False
+    for k, img in enumerate(images):
+        h, w = img.shape[-2:]
+        buf[k, :, :h, :w].copy_(img)  # greyscale (1 channel) broadcasts to 3
+        small_h, small_w = small_h or h < hmax, small_w or w < wmax
+    if small_h:  # rows past an image's last repeat it
+        rows = torch.minimum(torch.arange(hmax, device=dev).view(1, hmax), meta[:, 0:1].long() - 1)
+        buf = torch.gather(buf, 2, rows.view(n, 1, hmax, 1).expand(n, 3, hmax, wmax))
+    if small_w:
+        cols = torch.minimum(torch.arange(wmax, device=dev).view(1, wmax), meta[:, 1:2].long() - 1)
+        buf = torch.gather(buf, 3, cols.view(n, 1, 1, wmax).expand(n, 3, hmax, wmax))
+    boxes = torch.cat([torch.arange(n, device=dev, dtype=torch.float32).view(n, 1), meta[:, 2:6]], 1)
+    return roi_align(buf, boxes, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)

@@ -497,8 +497,8 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
         if backend == DEVICE_DECODE:
             from trainer import batch_decode as bd
             ds = bd.EncodedDataset(train_samples, True, crop, cfg.train_crop_size)
-            train_loader = bd.DeviceDecodeLoader(
-                _loader(ds, batch_per_rank, sampler, workers, device.pin_memory, True, bd.collate), device, decode,
+            train_loader = bd.DeviceDecodeLoader(  # not pinned: the decoder copies the bytes itself
+                _loader(ds, batch_per_rank, sampler, workers, False, True, bd.collate), device, decode,
                 cfg.train_crop_size, True)
         else:
             train_loader = _loader(ImageDataset(train_samples, crop), batch_per_rank, sampler, workers,
@@ -510,7 +510,7 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
         padded = bd.PaddedEncoded(bd.EncodedDataset(val_samples, False, center, cfg.val_crop_size),
                                   length, cfg.val_crop_size)
         val_loader = bd.DeviceDecodeLoader(
-            _loader(padded, batch_per_rank, ShardSampler(length, rank, world_size), workers, device.pin_memory,
+            _loader(padded, batch_per_rank, ShardSampler(length, rank, world_size), workers, False,
                     False, bd.collate), device, decode, cfg.val_crop_size, False, resize=cfg.val_resize_size)
     else:
         padded = PaddedEvalDataset(ImageDataset(val_samples, center), length, (3, cfg.val_crop_size, cfg.val_crop_size))

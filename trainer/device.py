@@ -312,6 +312,8 @@ class Device:
         self.index = index if kind != "cpu" else None
         self.torch_device = torch.device(kind if self.index is None else "{}:{}".format(kind, self.index))
         self._jpeg = None  # the JPEG decoder, once looked up (False: none)
+        self._data_stream = None  # the data backend's CUDA stream (data_stream)
+        self._in_data_stream = False
 
     def __repr__(self):
         return "Device({})".format(self.name)
@@ -379,6 +381,13 @@ class Device:
 
     def move(self, tensor):
         return tensor.to(self.torch_device, non_blocking=self.non_blocking)
+
+    def upload(self, tensor):
+        """A small host tensor (indices, sizes) on this device without waiting for the current stream: CUDA
+        copies from pageable memory wait for the stream's queued work; from pinned memory they do not."""
+        if self.kind == "cuda":
+            return tensor.pin_memory().to(self.torch_device, non_blocking=True)
+        return tensor.to(self.torch_device)
 
     def synchronize(self):
         if self.kind == "cuda":
@@ -526,10 +535,37 @@ class Device:
     @property
     def prefers_device_decode(self):
         """Whether ``--data-backend auto`` decodes batches on this device. Not yet anywhere: on an H100 with 16
-        CPU cores the CPU backend fed ResNet50 at 3,800 img/s and the device backend at 1,873 (its per-image
-        crop/resize launches in the training process cost more than nvJPEG saves; docs/BENCHMARKS.md), and
-        DVPP through torchvision_npu has not been measured. ``--data-backend gpu`` asks for it."""
+        CPU cores, from JPEGs, the device backend (batched crops) fed ShuffleNetV2 faster than the CPU backend
+        (6,039 against 5,308 img/s) but ResNet50 slower (2,865 against 3,507: its decode and crops share the
+        GPU and the training process's host thread with the step; docs/BENCHMARKS.md). DVPP through
+        torchvision_npu has not been measured. ``--data-backend gpu`` asks for it."""
         return False
+
+    @contextlib.contextmanager
+    def data_stream(self):
+        """``with device.data_stream() as handoff:`` the data backend's device work runs on a stream of its own
+        (CUDA), so that it overlaps the training step queued before it; ``handoff(t)`` for each result makes
+        the training stream wait for that work and keeps ``t``'s memory until the training stream is done
+        with it. The stream is drained first, so memory freed by the previous batch's work is idle when the
+        decoder (which writes from a stream of its own) is handed it. Nested calls share the outer one.
+        Elsewhere the work runs on the current stream."""
+        if self.kind != "cuda" or self._in_data_stream:
+            yield lambda t: t
+            return
+        if self._data_stream is None:
+            self._data_stream = torch.cuda.Stream(self.torch_device)
+        side, cur = self._data_stream, torch.cuda.current_stream(self.torch_device)
+        handed = []
+        side.synchronize()
+        self._in_data_stream = True
+        try:
+            with torch.cuda.stream(side):
+                yield handed.append
+        finally:
+            self._in_data_stream = False
+        cur.wait_stream(side)
+        for t in handed:
+            t.record_stream(cur)
 
     def jpeg_decoder_missing(self):
         if self.kind == "npu":
@@ -566,21 +602,18 @@ class Device:
             if "device" not in inspect.signature(tio.decode_jpeg).parameters:
                 return None
             batched = _torchvision_version() >= (0, 19)  # a list is decoded in one batched nvJPEG call
-            side = torch.cuda.Stream(dev)
 
             def decode(raws):
                 # torchvision's CUDA decoder allocates its outputs on the current stream but writes them from a
                 # private stream that does not wait for the current one, so it can be handed (and overwrite)
                 # memory that kernels queued on the current stream still read: a training step's activations,
-                # which then turn to NaN. Its outputs are therefore allocated in a stream of their own, the
-                # training stream waits for them, and each is marked as used there before it is freed.
-                cur = torch.cuda.current_stream(dev)
-                with torch.cuda.stream(side):
+                # which then turn to NaN. So it runs only inside ``data_stream``: a stream of its own, drained
+                # before each batch, whose results the training stream waits for and marks as its own.
+                with self.data_stream() as handoff:
                     out = tio.decode_jpeg(raws, mode=rgb, device=dev) if batched else \
                         [tio.decode_jpeg(r, mode=rgb, device=dev) for r in raws]
-                cur.wait_stream(side)
-                for t in out:
-                    t.record_stream(cur)
+                    for t in out:
+                        handoff(t)
                 return out
             self._jpeg = decode
         else:
