@@ -117,10 +117,11 @@ class DeviceDecodeLoader:
         out = None
         todo = [k for k in range(n) if raw[k].numel() > 0]
         ready = [k for k in range(n) if raw[k].numel() == 0]
-        if ready:
-            out = torch.empty((n, 3, s, s), dtype=torch.uint8, device=self.device.torch_device)  # decoded (and augmented) by the workers: one transfer
+        if ready:  # decoded (and augmented) by the workers: one transfer
+            out = torch.empty((n, 3, s, s), dtype=torch.uint8, device=self.device.torch_device)
             self.fallbacks += sum(1 for k in ready if paths[k])
-            out[self.device.upload(torch.tensor(ready))] = self.device.move(torch.stack([fallback[k] for k in ready]))
+            done = self.device.move(torch.stack([fallback[k] for k in ready]))
+            out[self.device.upload(torch.tensor(ready))] = done
         decoded = self._decode([raw[k] for k in todo], [paths[k] for k in todo])
         decoded = [img if img.device == self.device.torch_device else self.device.move(img) for img in decoded]
         if not decoded:
