@@ -144,7 +144,8 @@ def build_parser():
                    help="model architecture (see --list-models); shufflenet_v2_x* builds this project's "
                         "numerically identical, faster shufflenet_v2_x*_npu unless --model-impl torchvision")
     g.add_argument("-j", "--workers", type=number(int, 0), default=4,
-                   help="data loading workers per process")
+                   help="data loading workers per node, shared among its processes (each gets "
+                        "ceil(j / processes per node))")
     g.add_argument("--epochs", type=number(int, 1), default=90, help="total epochs to run")
     g.add_argument("--start-epoch", type=number(int, 0), default=0,
                    help="manual epoch number to start from (useful on restarts; --resume overrides it)")
