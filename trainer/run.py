@@ -138,6 +138,8 @@ def worker(cfg):
 
 
 def interrupted_line(cfg):
+    if cfg.evaluate:
+        return "interrupted: the evaluation stopped; nothing in '{}' was changed but its summary".format(cfg.output_dir)
     return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(cfg.output_dir)
 
 
