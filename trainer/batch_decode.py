@@ -149,13 +149,9 @@ class DeviceDecodeLoader:
         if self.train:
             top, left, h, w = box
             return float(top), float(left), float(top + h), float(left + w)
-        s, hh, ww = self.size, img.shape[-2], img.shape[-1]
-        short, long_ = (hh, ww) if hh <= ww else (ww, hh)
-        new_long = int(self.resize * long_ / short)  # torchvision's Resize(int)
-        rh, rw = (self.resize, new_long) if hh <= ww else (new_long, self.resize)
-        top, left = int(round((rh - s) / 2.0)), int(round((rw - s) / 2.0))
-        sy, sx = hh / float(rh), ww / float(rw)
-        return top * sy, left * sx, (top + s) * sy, (left + s) * sx
+        from trainer import data
+        _, (x1, y1, x2, y2) = data.center_region(img.shape[-1], img.shape[-2], self.resize, self.size)
+        return y1, x1, y2, x2
 
     def _decode(self, raws, paths):
         if not raws:

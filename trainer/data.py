@@ -347,6 +347,19 @@ class TrainCrop:
         return pil_to_chw(out)
 
 
+def center_region(width, height, resize, crop):
+    """((resized width, height), (left, top, right, bottom)): the size torchvision's Resize(resize) gives an
+    image of ``width`` x ``height``, and the region of the original image that CenterCrop(crop) then keeps,
+    in original pixels."""
+    short, long_ = min(width, height), max(width, height)
+    new_long = int(resize * long_ / short)  # torchvision's Resize(int)
+    rw, rh = (resize, new_long) if width <= height else (new_long, resize)
+    top = int(round((rh - crop) / 2.0))
+    left = int(round((rw - crop) / 2.0))
+    fx, fy = width / float(rw), height / float(rh)  # resized -> original pixels
+    return (rw, rh), (left * fx, top * fy, (left + crop) * fx, (top + crop) * fy)
+
+
 class ValCrop:
     """Resize(resize) + CenterCrop(crop) -> uint8 CHW: the centre region torchvision would keep, taken from the
     image (decoded at a draft size that still covers it) and scaled in one ``resize(box=...)``."""
@@ -355,14 +368,7 @@ class ValCrop:
         self.resize, self.crop = resize, crop
 
     def __call__(self, img, path="?", g=None):
-        w0, h0 = img.size
-        short, long_ = min(w0, h0), max(w0, h0)
-        new_long = int(self.resize * long_ / short)  # torchvision's Resize(int)
-        rw, rh = (self.resize, new_long) if w0 <= h0 else (new_long, self.resize)
-        top = int(round((rh - self.crop) / 2.0))
-        left = int(round((rw - self.crop) / 2.0))
-        fx, fy = w0 / float(rw), h0 / float(rh)  # resized -> original pixels
-        box = (left * fx, top * fy, (left + self.crop) * fx, (top + self.crop) * fy)
+        (rw, rh), box = center_region(img.size[0], img.size[1], self.resize, self.crop)
         sx, sy = _draft(img, rw, rh)
         img = rgb(img, path)
         out = img.resize((self.crop, self.crop), Image.BILINEAR, box=(box[0] * sx, box[1] * sy, box[2] * sx,
