@@ -46,7 +46,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from trainer import data as datamod  # noqa: E402
-from trainer.device import Device  # noqa: E402
+from trainer.device import Device, prefers_channels_last  # noqa: E402
 
 MEAN, STD = datamod.MEAN, datamod.STD
 
@@ -99,7 +99,7 @@ class _Cfg:
 
 
 def trainer_loader(root, split, batch, workers, backend, device):
-    cfg = _Cfg(root, backend)
+    cfg = _Cfg(root, backend, prefers_channels_last(device.kind))  # the trainer's default memory format
     train, val, _ = datamod.build(cfg, device, batch, 0, 1, workers, seed=0, need_train=split == "train")
     return train if split == "train" else val
 
@@ -125,7 +125,7 @@ def time_loader(loader, images, to_device):
 
 def loader_bench(a, device):
     backends = ["torchvision", "cpu", "gpu"] if a.backend == "all" else [a.backend]
-    norm = datamod.Normalizer(device)
+    norm = datamod.Normalizer(device, prefers_channels_last(device.kind))
     results = {b: [] for b in backends}
     for r in range(a.rounds):
         order = backends[r % len(backends):] + backends[:r % len(backends)]

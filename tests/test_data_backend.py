@@ -106,17 +106,22 @@ def test_batched_crop_resize_copies_an_identity_region_and_is_independent_of_its
     assert torch.equal(bd.resized_crops(imgs, rois, 24, flips), together)
 
 
-def test_batched_crop_resize_is_close_to_antialiased_interpolation():
-    """roi_align's box filter against the triangle filter of torchvision's antialiased resize, on smooth
-    images (shrinking up to 4x and enlarging): a fraction of a grey level apart on average."""
+@pytest.mark.parametrize("uint8", [False, True], ids=["float-resize", "uint8-resize"])
+def test_batched_crop_resize_is_close_to_antialiased_interpolation(uint8):
+    """roi_align's box filter against the triangle filter of the image-by-image antialiased resize (float, as
+    on an accelerator without roi_align; uint8, as on a CPU), on smooth images (shrinking up to 4x and
+    enlarging): a fraction of a grey level apart on average."""
     from trainer import batch_decode as bd
+    from trainer.device import uint8_antialias_resize
+    if uint8 and not uint8_antialias_resize():
+        pytest.skip("this torch has no uint8 antialiased resize")
     g = torch.Generator().manual_seed(1)
     sizes = [(40, 50), (64, 32), (96, 96), (100, 80)]
     imgs = [torch.nn.functional.interpolate(torch.rand(1, 3, 8, 8, generator=g), size=hw, mode="bilinear",
                                             align_corners=False).mul(255).round().byte()[0] for hw in sizes]
     rois = [(5.0, 7.0, 40.0, 50.0), (10.0, 0.0, 64.0, 32.0), (0.0, 0.0, 96.0, 96.0), (30.0, 40.0, 42.0, 52.0)]
     loader = bd.DeviceDecodeLoader.__new__(bd.DeviceDecodeLoader)
-    loader.size = 24
+    loader.size, loader._per_image_uint8 = 24, uint8
     batched = bd.resized_crops(imgs, rois, 24, [False] * 4).float()
     single = torch.stack([loader._augment(im, roi, False) for im, roi in zip(imgs, rois)]).float()
     assert (batched - single).abs().mean() < 1.0
@@ -125,8 +130,19 @@ def test_batched_crop_resize_is_close_to_antialiased_interpolation():
     assert (batched - single).abs().max() <= 16
 
 
+@pytest.fixture(params=["torch-resize", "pil-resize"])
+def resize_path(request, monkeypatch):
+    """The CPU backend's two resizes: torch's uint8 one (torch >= 2.1) and PIL's (older torch)."""
+    from trainer import device as devmod
+    use_torch = request.param == "torch-resize"
+    if use_torch and not devmod.uint8_antialias_resize():
+        pytest.skip("this torch has no uint8 antialiased resize")
+    monkeypatch.setattr(devmod, "_UINT8_RESIZE", [use_torch])
+    return request.param
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_cpu_crop_equals_torchvision_when_nothing_is_drafted():
+def test_cpu_crop_equals_torchvision_when_nothing_is_drafted(resize_path):
     from torchvision.transforms import functional as F
     rng = np.random.default_rng(0)
     img = Image.fromarray(rng.integers(0, 255, (120, 160, 3), dtype=np.uint8))
@@ -137,9 +153,49 @@ def test_cpu_crop_equals_torchvision_when_nothing_is_drafted():
         if flip:
             ref = ref.flip(-1)
         ours = crop(img.copy(), "x", data.sample_rng(seed))
-        # one resize(box=...) filters the crop's edge pixels with their real neighbours, where crop-then-resize
-        # repeats the edge; everything inside is the same
+        # PIL's resize(box=...) filters the crop's edge pixels with their real neighbours, where
+        # crop-then-resize repeats the edge; everything inside is the same
         assert (ours.int() - ref.int())[:, 1:-1, 1:-1].abs().max() <= 1
+        if resize_path == "torch-resize":  # crop, then resize: torchvision's own order, edges included
+            tv = F.resized_crop(F.pil_to_tensor(img), top, left, h, w, [64, 64], F.InterpolationMode.BILINEAR,
+                                antialias=True)
+            assert (ours.int() - (tv.flip(-1) if flip else tv).int()).abs().max() <= 1
+
+
+def test_val_crop_is_resize_then_center_crop(resize_path):
+    """Validation: torchvision's Resize then CenterCrop; with torch's resize, within one grey level of
+    torchvision's tensor resize everywhere (rounding), and of its PIL resize inside the crop."""
+    from torchvision.transforms import functional as F
+    rng = np.random.default_rng(1)
+    for hw in [(120, 160), (161, 97), (50, 50)]:
+        img = Image.fromarray(rng.integers(0, 255, hw + (3,), dtype=np.uint8))
+        ours = data.ValCrop(40, 32)(img.copy(), "x")
+        assert tuple(ours.shape) == (3, 32, 32)
+        assert ours.permute(1, 2, 0).is_contiguous()  # channels-last in memory, as the collate stacks it
+        ref_pil = F.pil_to_tensor(F.center_crop(F.resize(img, 40, F.InterpolationMode.BILINEAR), 32))
+        assert (ours.int() - ref_pil.int())[:, 1:-1, 1:-1].abs().float().mean() < 1.0
+        if resize_path == "torch-resize":
+            ref = F.center_crop(F.resize(F.pil_to_tensor(img), 40, F.InterpolationMode.BILINEAR, antialias=True), 32)
+            assert (ours.int() - ref.int()).abs().max() <= 1
+
+
+def test_channels_last_collate_and_normalizer_match_the_nchw_path():
+    """The channels-last batch holds the NCHW batch's values; normalised through its NHWC rows it gives the
+    NCHW normaliser's floats bit for bit, in channels-last format; padded validation's flags pass through."""
+    g = torch.Generator().manual_seed(3)
+    hwc = [torch.randint(0, 256, (20, 24, 3), dtype=torch.uint8, generator=g) for _ in range(5)]
+    samples = [(x.permute(2, 0, 1), k, k % 2 == 0) for k, x in enumerate(hwc)]
+    plain = torch.utils.data.dataloader.default_collate(samples)
+    cl = data.channels_last_collate(samples)
+    assert torch.equal(cl[0], plain[0]) and cl[0].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(cl[1], plain[1]) and torch.equal(cl[2], plain[2])
+    ref = data.Normalizer(CPU, channels_last=False)(plain[0])
+    out = data.Normalizer(CPU, channels_last=True)(cl[0])
+    assert torch.equal(out, ref) and out.is_contiguous(memory_format=torch.channels_last)
+    # an NCHW batch given to a channels-last normaliser (the device backend's) is converted
+    out2 = data.Normalizer(CPU, channels_last=True)(plain[0])
+    assert torch.equal(out2, ref) and out2.is_contiguous(memory_format=torch.channels_last)
+    assert data.Normalizer(CPU, channels_last=False)(cl[0]).is_contiguous()
 
 
 def test_draft_mode_decodes_a_small_crop_of_a_big_jpeg_at_reduced_size(tmp_path):

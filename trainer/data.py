@@ -9,9 +9,11 @@ import warnings
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
+from torch.utils.data._utils.collate import default_collate
 
-from trainer.device import DEVICE_DECODE, HOST_DECODE
+from trainer.device import DEVICE_DECODE, HOST_DECODE, uint8_antialias_resize
 from trainer.errors import DataError
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -167,12 +169,49 @@ def load_rgb(path):
     return rgb(open_image(read_bytes(path), path), path)
 
 
-def pil_to_chw(img):
-    """uint8 CHW tensor over an RGB PIL image's pixels (one copy, out of PIL's buffer; collate copies it into
-    the batch, and nothing writes to it)."""
+def pil_to_hwc(img):
+    """uint8 HWC tensor over an RGB PIL image's pixels (one copy, out of PIL's buffer; nothing writes to it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
-        return torch.from_numpy(np.asarray(img)).permute(2, 0, 1)
+        return torch.from_numpy(np.asarray(img))
+
+
+def pil_to_chw(img):
+    """uint8 CHW view of ``pil_to_hwc``: channels-last in memory, as ``channels_last_collate`` stacks it."""
+    return pil_to_hwc(img).permute(2, 0, 1)
+
+
+def crop_resize(img, box, size, flip=False):
+    """uint8 CHW (channels-last in memory): the region ``box`` = (left, top, right, bottom) of the RGB PIL
+    ``img`` scaled to ``size`` x ``size`` (bilinear, antialiased), mirrored if ``flip``.
+
+    With torch's uint8 resize (``uint8_antialias_resize``), the same filter as PIL's at about a third of its
+    cost; the box is then rounded to whole pixels of the decoded image, which changes nothing unless draft
+    mode decoded it reduced. Older torch: PIL's ``resize(box=...)``."""
+    if not uint8_antialias_resize():
+        out = img.resize((size, size), Image.BILINEAR, box=box)
+        return pil_to_chw(out.transpose(Image.FLIP_LEFT_RIGHT) if flip else out)
+    return tensor_crop_resize(pil_to_chw(img), box, size, flip)
+
+
+def tensor_crop_resize(chw, box, size, flip=False):
+    """``crop_resize`` of a uint8 CHW tensor on the host, with torch's uint8 resize (the caller checks
+    ``uint8_antialias_resize``); ``box`` is rounded to whole pixels and kept inside the image."""
+    h, w = chw.shape[-2:]
+    left, top = max(0, min(int(round(box[0])), w - 1)), max(0, min(int(round(box[1])), h - 1))
+    right, bottom = max(min(int(round(box[2])), w), left + 1), max(min(int(round(box[3])), h), top + 1)
+    x = chw[:, top:bottom, left:right].unsqueeze(0)
+    out = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    if flip:
+        out = out.flip(3)
+    return out[0].permute(1, 2, 0).contiguous().permute(2, 0, 1)
+
+
+def channels_last_collate(batch):
+    """``default_collate`` with the images stacked as NHWC (a plain copy of the transforms' channels-last
+    buffers, no transpose) and returned as NCHW tensors in channels-last memory format."""
+    out = default_collate([(sample[0].permute(1, 2, 0),) + tuple(sample[1:]) for sample in batch])
+    return [out[0].permute(0, 3, 1, 2)] + list(out[1:])
 
 
 def sample_seed(base_seed, epoch, index):
@@ -300,9 +339,9 @@ class TrainCrop:
     torchvision's algorithm (``params``) from the sample's own generator: the same distribution as
     torchvision's transforms. JPEG draft mode then
     decodes at the largest reduction (1/2, 1/4, 1/8) that keeps the crop at least ``size`` pixels wide and
-    high, and one ``resize(box=...)`` crops and scales (bilinear, antialiased) in a single pass. The only
-    difference from torchvision's pipeline: when draft mode reduces, part of the downscaling happens in the
-    JPEG decoder's DCT instead of the bilinear filter (a mean difference of about one grey level).
+    high, and one resize (``crop_resize``) crops and scales (bilinear, antialiased) in a single pass. The
+    only difference from torchvision's pipeline: when draft mode reduces, part of the downscaling happens in
+    the JPEG decoder's DCT instead of the bilinear filter (a mean difference of about one grey level).
     """
 
     def __init__(self, size, scale_min=0.08):
@@ -340,40 +379,46 @@ class TrainCrop:
         top, left, h, w, flip = self.params(img.size[0], img.size[1], g)
         s = self.size
         sx, sy = _draft(img, img.size[0] * s / float(w), img.size[1] * s / float(h))
-        img = rgb(img, path)
-        out = img.resize((s, s), Image.BILINEAR, box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
-        if flip:
-            out = out.transpose(Image.FLIP_LEFT_RIGHT)
-        return pil_to_chw(out)
+        return crop_resize(rgb(img, path), (left * sx, top * sy, (left + w) * sx, (top + h) * sy), s, flip)
 
 
-def center_region(width, height, resize, crop):
-    """((resized width, height), (left, top, right, bottom)): the size torchvision's Resize(resize) gives an
-    image of ``width`` x ``height``, and the region of the original image that CenterCrop(crop) then keeps,
-    in original pixels."""
+def resized_center(width, height, resize, crop):
+    """((resized width, height), (left, top)): the size torchvision's Resize(resize) gives an image of
+    ``width`` x ``height``, and where CenterCrop(crop) then starts, in resized pixels."""
     short, long_ = min(width, height), max(width, height)
     new_long = int(resize * long_ / short)  # torchvision's Resize(int)
     rw, rh = (resize, new_long) if width <= height else (new_long, resize)
-    top = int(round((rh - crop) / 2.0))
-    left = int(round((rw - crop) / 2.0))
+    return (rw, rh), (int(round((rw - crop) / 2.0)), int(round((rh - crop) / 2.0)))
+
+
+def center_region(width, height, resize, crop):
+    """((resized width, height), (left, top, right, bottom)): ``resized_center``, with the region that
+    CenterCrop(crop) keeps given in original pixels."""
+    (rw, rh), (left, top) = resized_center(width, height, resize, crop)
     fx, fy = width / float(rw), height / float(rh)  # resized -> original pixels
     return (rw, rh), (left * fx, top * fy, (left + crop) * fx, (top + crop) * fy)
 
 
 class ValCrop:
-    """Resize(resize) + CenterCrop(crop) -> uint8 CHW: the centre region torchvision would keep, taken from the
-    image (decoded at a draft size that still covers it) and scaled in one ``resize(box=...)``."""
+    """Resize(resize) + CenterCrop(crop) -> uint8 CHW (channels-last in memory), the image decoded at a draft
+    size that still covers the resized one. With torch's uint8 resize: torchvision's two steps as they are
+    (the whole image resized, then cropped); older torch: the centre region scaled by one PIL
+    ``resize(box=...)``."""
 
     def __init__(self, resize, crop):
         self.resize, self.crop = resize, crop
 
     def __call__(self, img, path="?", g=None):
-        (rw, rh), box = center_region(img.size[0], img.size[1], self.resize, self.crop)
-        sx, sy = _draft(img, rw, rh)
-        img = rgb(img, path)
-        out = img.resize((self.crop, self.crop), Image.BILINEAR, box=(box[0] * sx, box[1] * sy, box[2] * sx,
-                                                                     box[3] * sy))
-        return pil_to_chw(out)
+        (rw, rh), (left, top) = resized_center(img.size[0], img.size[1], self.resize, self.crop)
+        if not uint8_antialias_resize():
+            box = center_region(img.size[0], img.size[1], self.resize, self.crop)[1]
+            sx, sy = _draft(img, rw, rh)
+            return crop_resize(rgb(img, path), (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), self.crop)
+        _draft(img, rw, rh)
+        c = self.crop
+        x = pil_to_hwc(rgb(img, path)).permute(2, 0, 1).unsqueeze(0)
+        out = F.interpolate(x, size=(rh, rw), mode="bilinear", antialias=True, align_corners=False)
+        return out[0, :, top:top + c, left:left + c].permute(1, 2, 0).contiguous().permute(2, 0, 1)
 
 
 def train_transform(crop, scale_min=0.08):
@@ -385,20 +430,32 @@ def val_transform(resize, crop):
 
 
 class Normalizer:
-    """uint8 NCHW batch (host or device) -> normalised float32 on the device."""
+    """uint8 NCHW batch (host or device) -> normalised float32 on the device, in the model's memory format.
+
+    A channels-last batch (``channels_last_collate``) is normalised through its NHWC view, a row of pixels at
+    a time against per-row mean and std vectors: the same arithmetic (subtract, divide) as the NCHW path,
+    without its three-element inner loop or a layout change."""
 
     def __init__(self, device, channels_last=False):
         self.device = device
         self.channels_last = channels_last
-        shape = (1, 3, 1, 1)
-        self.mean = device.move(torch.tensor(MEAN).mul(255).view(shape))
-        self.std = device.move(torch.tensor(STD).mul(255).view(shape))
+        self.mean = device.move(torch.tensor(MEAN).mul(255))
+        self.std = device.move(torch.tensor(STD).mul(255))
+        self._rows = {}
 
     def __call__(self, images):
-        x = self.device.move(images).float().sub_(self.mean).div_(self.std)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
+        x = self.device.move(images)
+        if self.channels_last and x.dim() == 4 and x.shape[1] == 3 and \
+                x.is_contiguous(memory_format=torch.channels_last):
+            n, c, h, w = x.shape
+            if w not in self._rows:
+                self._rows[w] = (self.mean.repeat(w), self.std.repeat(w))
+            mean, std = self._rows[w]
+            y = x.permute(0, 2, 3, 1).float()
+            y.view(n * h, w * c).sub_(mean).div_(std)
+            return y.permute(0, 3, 1, 2)
+        x = x.float().sub_(self.mean.view(1, 3, 1, 1)).div_(self.std.view(1, 3, 1, 1))
+        return x.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
 
 
 # ---------------------------------------------------------------- synthetic data
@@ -491,6 +548,7 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
     val_samples = scan_val(val_dir, class_to_idx)
     layout = "tiny-imagenet" if _is_tiny_imagenet_val(val_dir) else "imagenet"
     train_loader, n_train = None, 0
+    host_collate = channels_last_collate if getattr(cfg, "channels_last", False) else None
     if need_train:
         train_samples = scan_train(train_dir, classes)
         n_train = len(train_samples)
@@ -508,7 +566,7 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
                 cfg.train_crop_size, True)
         else:
             train_loader = _loader(ImageDataset(train_samples, crop), batch_per_rank, sampler, workers,
-                                   device.pin_memory, True)
+                                   device.pin_memory, True, host_collate)
     center = val_transform(cfg.val_resize_size, cfg.val_crop_size)
     length = padded_length(len(val_samples), batch_per_rank, world_size)
     if backend == DEVICE_DECODE:
@@ -521,7 +579,7 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
     else:
         padded = PaddedEvalDataset(ImageDataset(val_samples, center), length, (3, cfg.val_crop_size, cfg.val_crop_size))
         val_loader = _loader(padded, batch_per_rank, ShardSampler(length, rank, world_size), workers,
-                             device.pin_memory, False)
+                             device.pin_memory, False, host_collate)
     info = DataInfo(len(classes), classes, n_train, len(val_samples), layout, backend, note)
     return train_loader, val_loader, info
 

@@ -533,6 +533,12 @@ class Device:
 
     # -- JPEG decoding where the model runs (--data-backend gpu)
     @property
+    def crops_per_image(self):
+        """Whether the device backend crops image by image here (torch's uint8 resize on a CPU) rather than
+        in one batched roi_align per batch, which pays on accelerators (launches) and not on a CPU."""
+        return self.kind == "cpu"
+
+    @property
     def prefers_device_decode(self):
         """Whether ``--data-backend auto`` decodes batches on this device. Not yet anywhere: on an H100 with 16
         CPU cores, from JPEGs, the device backend (batched crops) fed ShuffleNetV2 faster than the CPU backend
@@ -707,6 +713,23 @@ def _quiet_stderr():
         os.dup2(saved, 2)
         os.close(saved)
         os.close(null)
+
+
+_UINT8_RESIZE = []
+
+
+def uint8_antialias_resize():
+    """Whether ``F.interpolate`` resizes uint8 images with antialiasing here (torch >= 2.1, a vectorised CPU
+    kernel about 3x faster than PIL's resize: docs/BENCHMARKS.md); older torch resizes with PIL."""
+    if not _UINT8_RESIZE:
+        try:
+            x = torch.zeros((1, 3, 4, 4), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+            ok = torch.nn.functional.interpolate(x, size=(2, 2), mode="bilinear", antialias=True,
+                                                 align_corners=False).dtype == torch.uint8
+        except (TypeError, RuntimeError, NotImplementedError):
+            ok = False
+        _UINT8_RESIZE.append(ok)
+    return _UINT8_RESIZE[0]
 
 
 def _torchvision_version():
