@@ -130,14 +130,17 @@ def test_batched_crop_resize_is_close_to_antialiased_interpolation(uint8):
     assert (batched - single).abs().max() <= 16
 
 
-@pytest.fixture(params=["torch-resize", "pil-resize"])
+@pytest.fixture(params=["torch-resize", "pil-resize", "pillow-simd"])
 def resize_path(request, monkeypatch):
-    """The CPU backend's two resizes: torch's uint8 one (torch >= 2.1) and PIL's (older torch)."""
+    """The CPU backend's two resizes: torch's uint8 one (torch >= 2.1, Pillow), PIL's (older torch, or
+    pillow-simd installed; its detection is faked here, its resize is Pillow's)."""
     from trainer import device as devmod
     use_torch = request.param == "torch-resize"
-    if use_torch and not devmod.uint8_antialias_resize():
+    if request.param != "pil-resize" and not devmod.uint8_antialias_resize():
         pytest.skip("this torch has no uint8 antialiased resize")
-    monkeypatch.setattr(devmod, "_UINT8_RESIZE", [use_torch])
+    monkeypatch.setattr(devmod, "_UINT8_RESIZE", [request.param != "pil-resize"])
+    monkeypatch.setattr(data, "_PIL_SIMD", [request.param == "pillow-simd"])
+    assert data.torch_resize() == use_torch
     return request.param
 
 

@@ -181,14 +181,35 @@ def pil_to_chw(img):
     return pil_to_hwc(img).permute(2, 0, 1)
 
 
+_PIL_SIMD = []
+
+
+def pillow_simd():
+    """Whether PIL is pillow-simd, whose SIMD resize beats torch's uint8 resize (docs/BENCHMARKS.md)."""
+    if not _PIL_SIMD:
+        try:
+            from importlib import metadata
+            metadata.distribution("pillow-simd")
+            _PIL_SIMD.append(True)
+        except Exception:  # not installed (or Python < 3.8, without importlib.metadata)
+            _PIL_SIMD.append(False)
+    return _PIL_SIMD[0]
+
+
+def torch_resize():
+    """Whether the CPU backend resizes with torch (its uint8 antialiased resize, when this torch has one and
+    PIL is not pillow-simd) rather than with PIL."""
+    return uint8_antialias_resize() and not pillow_simd()
+
+
 def crop_resize(img, box, size, flip=False):
     """uint8 CHW (channels-last in memory): the region ``box`` = (left, top, right, bottom) of the RGB PIL
     ``img`` scaled to ``size`` x ``size`` (bilinear, antialiased), mirrored if ``flip``.
 
-    With torch's uint8 resize (``uint8_antialias_resize``), the same filter as PIL's at about a third of its
-    cost; the box is then rounded to whole pixels of the decoded image, which changes nothing unless draft
-    mode decoded it reduced. Older torch: PIL's ``resize(box=...)``."""
-    if not uint8_antialias_resize():
+    With torch's uint8 resize (``torch_resize``), the same filter as PIL's at about a third of its cost; the
+    box is then rounded to whole pixels of the decoded image, which changes nothing unless draft mode decoded
+    it reduced. Older torch or pillow-simd: PIL's ``resize(box=...)``."""
+    if not torch_resize():
         out = img.resize((size, size), Image.BILINEAR, box=box)
         return pil_to_chw(out.transpose(Image.FLIP_LEFT_RIGHT) if flip else out)
     return tensor_crop_resize(pil_to_chw(img), box, size, flip)
@@ -402,7 +423,7 @@ def center_region(width, height, resize, crop):
 class ValCrop:
     """Resize(resize) + CenterCrop(crop) -> uint8 CHW (channels-last in memory), the image decoded at a draft
     size that still covers the resized one. With torch's uint8 resize: torchvision's two steps as they are
-    (the whole image resized, then cropped); older torch: the centre region scaled by one PIL
+    (the whole image resized, then cropped); older torch or pillow-simd: the centre region scaled by one PIL
     ``resize(box=...)``."""
 
     def __init__(self, resize, crop):
@@ -410,7 +431,7 @@ class ValCrop:
 
     def __call__(self, img, path="?", g=None):
         (rw, rh), (left, top) = resized_center(img.size[0], img.size[1], self.resize, self.crop)
-        if not uint8_antialias_resize():
+        if not torch_resize():
             box = center_region(img.size[0], img.size[1], self.resize, self.crop)[1]
             sx, sy = _draft(img, rw, rh)
             return crop_resize(rgb(img, path), (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy), self.crop)
