@@ -12,7 +12,7 @@ import torch
 from conftest import gone
 from trainer import metrics, recipes
 from trainer.config import build_parser
-from trainer.device import Device
+from trainer.device import Device, default_workers
 from trainer import distributed
 from trainer.distributed import Interrupted, Ranks, resolve_launch
 from trainer.errors import UsageError
@@ -282,3 +282,16 @@ def test_signals_raise_interrupted_inside_with_only():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)
     assert exc.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_default_workers_follow_the_cores_and_the_processes():
+    # an accelerator node: each process's share of the cores less its own, 2 to 16
+    assert default_workers("npu", 8, cpus=192) == 16
+    assert default_workers("cuda", 8, cpus=64) == 7
+    assert default_workers("cuda", 1, cpus=16) == 15
+    assert default_workers("cuda", 8, cpus=8) == 2
+    # a CPU: pytorch/examples' 4 at most, never more than the share, at least 1
+    assert default_workers("cpu", 1, cpus=2) == 2
+    assert default_workers("cpu", 1, cpus=64) == 4
+    assert default_workers("cpu", 4, cpus=2) == 1
+

@@ -25,7 +25,7 @@ class Config:
     arch: str  # as given (checkpoints and summaries name it)
     model: str  # the network built: --arch, or this project's variant of it (models.resolve)
     model_impl: str
-    workers: int
+    workers: Optional[int]  # None: from the device kind and the cores (run.build)
     epochs: int
     start_epoch: int
     batch_size: int
@@ -143,9 +143,10 @@ def build_parser():
     g.add_argument("-a", "--arch", default="resnet50", metavar="ARCH",
                    help="model architecture (see --list-models); shufflenet_v2_x* builds this project's "
                         "numerically identical, faster shufflenet_v2_x*_npu unless --model-impl torchvision")
-    g.add_argument("-j", "--workers", type=number(int, 0), default=4,
+    g.add_argument("-j", "--workers", type=number(int, 0), default=None,
                    help="data loading workers per node, shared among its processes (each gets "
-                        "ceil(j / processes per node))")
+                        "ceil(j / processes per node)); default: from each process's share of the CPU cores, "
+                        "up to 16 per process on an accelerator, 4 on a CPU")
     g.add_argument("--epochs", type=number(int, 1), default=90, help="total epochs to run")
     g.add_argument("--start-epoch", type=number(int, 0), default=0,
                    help="manual epoch number to start from (useful on restarts; --resume overrides it)")

@@ -529,7 +529,9 @@ class DataInfo:
 def _loader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None):
     kwargs = {}
     if workers > 0:
-        kwargs["persistent_workers"] = True
+        # at least 4 batches under way per process (DataLoader's default 2 per worker leaves a lone worker
+        # with 2): a slow file or a busy core then does not stall the step
+        kwargs.update(persistent_workers=True, prefetch_factor=max(2, int(math.ceil(4.0 / workers))))
     if collate_fn is not None:
         kwargs["collate_fn"] = collate_fn
     return torch.utils.data.DataLoader(

@@ -149,6 +149,26 @@ def prefers_channels_last(kind):
     return kind == "cpu"
 
 
+def usable_cpus():
+    """CPU cores this process may run on (its affinity where the OS tells it)."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_workers(kind, procs_per_node, cpus=None):
+    """Data-loader workers per process when ``-j`` is not given, from each process's share of the node's cores.
+    On an accelerator the workers feed the device: the share less one core for the process itself, 2 to 16
+    (on an H100 with 16 cores, 16 workers kept ResNet50 at 0.88-0.99 of its synthetic rate). On a CPU they
+    take cores from the model's own computation: pytorch/examples' 4, at most the share."""
+    share = (cpus or usable_cpus()) // max(1, procs_per_node)
+    if kind == "cpu":
+        return max(1, min(4, share))
+    return max(2, min(16, share - 1))
+
+
 def has_device_ids(kind):
     """Whether devices of ``kind`` are numbered (a CPU is one device; --device-list only counts slots)."""
     return kind != "cpu"

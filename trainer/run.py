@@ -160,7 +160,13 @@ class Job:
 def build(cfg, device, dist, log, rs):
     world = dist.world_size
     batch_per_rank = cfg.batch_size // world
-    workers = int(math.ceil(cfg.workers / float(max(1, cfg.procs_per_node))))
+    procs = max(1, cfg.procs_per_node)
+    if cfg.dummy:
+        workers = 0  # batches made once on the device
+    elif cfg.workers is None:
+        workers = devmod.default_workers(device.kind, procs)
+    else:
+        workers = int(math.ceil(cfg.workers / float(procs)))
     resume_path = checkpoint.resolve_resume(cfg.resume, cfg.output_dir)
     ckpt = None
     if resume_path is not None and not cfg.evaluate:
@@ -183,14 +189,14 @@ def build(cfg, device, dist, log, rs):
     model = build_model(cfg, num_classes, device, world)
     precision = ampmod.resolve(cfg, device)
     log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
-        "| amp {} | data {} ({} classes, {} train / {} val images, {} backend)".format(
+        "| amp {} | data {} ({} classes, {} train / {} val images, {} backend, {} workers per process)".format(
             cfg.arch, device.name, world, batch_per_rank, cfg.batch_size, cfg.lr, cfg.lr_schedule,
             cfg.warmup_epochs, _amp_label(precision), info.layout, num_classes, info.train_images,
-            info.val_images, info.backend), all_ranks=True)
+            info.val_images, info.backend, workers), all_ranks=True)
     if info.note:
         log("note: " + info.note)
     job = Job(cfg=cfg, device=device, dist=dist, log=log, rs=rs, info=info, num_classes=num_classes,
-              batch_per_rank=batch_per_rank,
+              batch_per_rank=batch_per_rank, workers=workers,
               seed=seed, precision=precision, train_loader=train_loader, val_loader=val_loader,
               normalizer=data.Normalizer(device, cfg.channels_last), resume_path=resume_path)
     if cfg.evaluate:
@@ -355,6 +361,7 @@ def _record(job, totals, last_val=None, **fields):
                   per_device_batch_size=job.batch_per_rank, steps_per_epoch=job.steps,
                   optimizer=job.step.name, data_layout=job.info.layout, train_images=job.info.train_images,
                   data_backend=job.info.backend, data_fallback_images=getattr(job, "fallback_total", 0),
+                  data_workers=job.workers,
                   num_classes=job.num_classes, amp=job.step.describe(), trained_steps=t["trained_steps"],
                   overflow_steps=overflow,
                   skipped_fraction=overflow / float(t["trained_steps"]) if t["trained_steps"] else 0.0,

@@ -27,6 +27,7 @@ class RunSummary:
             "train_acc1": None, "final_loss": None, "best_acc1": None, "final_acc1": None,
             "final_acc5": None, "val_images": None, "val_loss": None, "e2e_seconds": None,
             "amp": None, "channels_last": cfg.channels_last, "data_backend": None, "data_fallback_images": None,
+            "data_workers": None,
             "optimizer": None,
             "checkpoint": None, "best_checkpoint": None, "data_layout": None,
             "train_images": None, "num_classes": None, "recipe": cfg.recipe,
