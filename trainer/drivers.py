@@ -165,8 +165,7 @@ def _within(path, folder):
 
 
 def resolve(a, mode, scale, script, env):
-    from trainer import recipes
-    from trainer.config import parse_device_list
+    from trainer import recipes  # torch is imported only once the values given here have been checked
     p = Plan()
     p.mode, p.scale, p.script, p.notes = mode, scale, script, []
     if a.dummy and a.data_path:
@@ -207,6 +206,7 @@ def resolve(a, mode, scale, script, env):
     else:
         rank_size = whole("rank_size", a.rank_size, 1)
         if a.device_list:
+            from trainer.config import parse_device_list
             try:
                 p.devices = parse_device_list(a.device_list)
             except Exception as exc:  # argparse.ArgumentTypeError: its message is the one line
