@@ -10,6 +10,7 @@ here with a fallback, so the rest of the trainer runs on torch 1.11 as on torch 
 import contextlib
 import inspect
 import platform
+import re
 import sys
 
 import torch
@@ -742,7 +743,10 @@ def uint8_antialias_resize():
     """Whether ``F.interpolate`` resizes uint8 images with antialiasing here (torch >= 2.1, a vectorised CPU
     kernel about 3x faster than PIL's resize: docs/BENCHMARKS.md); older torch resizes with PIL."""
     if not _UINT8_RESIZE:
+        major_minor = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
         try:
+            if major_minor < (2, 1):  # 2.0 takes uint8 too, without the vectorised kernel
+                raise NotImplementedError
             x = torch.zeros((1, 3, 4, 4), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
             ok = torch.nn.functional.interpolate(x, size=(2, 2), mode="bilinear", antialias=True,
                                                  align_corners=False).dtype == torch.uint8

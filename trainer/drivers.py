@@ -165,7 +165,7 @@ def _within(path, folder):
 
 
 def resolve(a, mode, scale, script, env):
-    from trainer import recipes  # torch is imported only once the values given here have been checked
+    from trainer import recipes  # torch-free: the plain value checks below answer before torch is imported
     p = Plan()
     p.mode, p.scale, p.script, p.notes = mode, scale, script, []
     if a.dummy and a.data_path:
