@@ -6,8 +6,6 @@
 """
 import difflib
 
-import torchvision
-
 _REGISTRY = {}
 
 
@@ -17,8 +15,15 @@ def register_model(fn):
     return fn
 
 
+def _torchvision_models():
+    # Imported when first needed: importing torchvision costs seconds (torch 2.x: its ops import
+    # torch._dynamo), which this project's own models, --help and input checks do without.
+    import torchvision.models
+    return torchvision.models
+
+
 def _torchvision_names():
-    models = torchvision.models
+    models = _torchvision_models()
     if hasattr(models, "list_models"):  # torchvision >= 0.14
         return sorted(models.list_models(module=models))
     # torchvision 0.12 (the Ascend 1.11 stack): the pytorch/examples way.
@@ -36,6 +41,12 @@ def _ensure_local_models():
 def list_models():
     _ensure_local_models()
     return sorted(set(_torchvision_names()) | set(_REGISTRY))
+
+
+def known(name):
+    """Whether ``name`` can be built; this project's own models are answered without torchvision."""
+    _ensure_local_models()
+    return name in _REGISTRY or name in _torchvision_names()
 
 
 def suggest(name, n=3):
@@ -78,7 +89,7 @@ def get_model(name, num_classes=1000, **kwargs):
     if name in _REGISTRY:
         model = _REGISTRY[name](num_classes=num_classes, **kwargs)
     elif name in _torchvision_names():
-        model = torchvision.models.__dict__[name](num_classes=num_classes, **kwargs)
+        model = _torchvision_models().__dict__[name](num_classes=num_classes, **kwargs)
     else:
         raise UnknownModelError(unknown_message(name))
     return model

@@ -1,11 +1,13 @@
 """Every user mistake: one line on stderr naming the problem, exit code 2, nothing lost."""
+import json
 import os
+import subprocess
 
 import pytest
 import torch
 
 import main as entry
-from conftest import SMALL, assert_call_error, assert_one_line_error, run_main
+from conftest import PY, ROOT, SMALL, assert_call_error, assert_one_line_error, run_main
 
 
 def check(argv, capsys, *fragments):
@@ -162,3 +164,55 @@ def test_output_dir_is_a_file(capsys, tmp_path):
     f.write_text("keep me")
     check(["--dummy", "--output-dir", str(f)], capsys, "is a file")
     assert f.read_text() == "keep me"
+
+
+# Runs an entry point (a script path, or -m module) in a fresh interpreter, then prints as its last line
+# which of torch and torchvision it imported.
+_IMPORT_PROBE = """
+import json, runpy, sys
+target, sys.argv = sys.argv[1], sys.argv[1:]
+code = 0
+try:
+    if target.endswith(".py"):
+        runpy.run_path(target, run_name="__main__")
+    else:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code
+sys.stdout.write("\\n" + json.dumps({"code": code, "torch": "torch" in sys.modules,
+                                    "torchvision": "torchvision" in sys.modules}) + "\\n")
+"""
+
+
+MAIN_PY = os.path.join(ROOT, "main.py")
+
+
+def _imports(target, args):
+    proc = subprocess.run([PY, "-c", _IMPORT_PROBE, target] + args, cwd=ROOT, capture_output=True,
+                          text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_help_and_plain_bad_values_answer_without_importing_torch(tmp_path):
+    """--help and a bad value are answered before torch is imported (seconds on every start)."""
+    got, _ = _imports(MAIN_PY, ["--help"])
+    assert got == {"code": 0, "torch": False, "torchvision": False}
+    got, err = _imports(MAIN_PY, [str(tmp_path), "--epochs", "0"])
+    assert got == {"code": 2, "torch": False, "torchvision": False} and "--epochs" in err
+    got, err = _imports(MAIN_PY, [str(tmp_path), "--device", "tpu"])
+    assert got["code"] == 2 and not got["torch"] and "tpu" in err
+    got, err = _imports("trainer.drivers", ["full", "8p", "--data_path=" + str(tmp_path), "--device=tpu"])
+    assert got == {"code": 2, "torch": False, "torchvision": False} and "--device must be" in err
+    got, err = _imports("trainer.drivers", ["full", "8p", "--data_path=" + str(tmp_path), "--rank_size=0"])
+    assert got == {"code": 2, "torch": False, "torchvision": False} and "--rank_size" in err
+
+
+def test_a_run_of_this_projects_model_does_not_import_torchvision(shapes, tmp_path):
+    """tiny_cnn (and the _npu variants) with the CPU data backend need nothing of torchvision, whose import
+    costs seconds in every process."""
+    got, err = _imports(MAIN_PY, [shapes, "-a", "tiny_cnn", "--epochs", "1", "-b", "40", "--output-dir",
+                                  str(tmp_path / "o")] + SMALL)
+    assert got == {"code": 0, "torch": True, "torchvision": False}, err
+    with open(str(tmp_path / "o" / "summary.json")) as f:
+        s = json.load(f)
+    assert s["status"] == "ok" and s["versions"]["torchvision"]  # the version is still reported

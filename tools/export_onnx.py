@@ -118,7 +118,7 @@ def load_model(path, arch=None, num_classes=None, log=print):
         if saved_arch is None:
             raise UsageError("'{}' does not name its architecture (a plain state dict): pass --arch".format(path))
         arch = saved_arch
-    if arch not in models.list_models():
+    if not models.known(arch):
         raise UsageError(models.unknown_message(arch))
     if saved_arch is not None and saved_arch != arch:
         log("note: '{}' was trained as --arch {}; exporting it as {}".format(path, saved_arch, arch))

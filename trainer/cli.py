@@ -72,5 +72,5 @@ def printer(out=None):
 
 def check_arch(name):
     import models
-    if name not in models.list_models():
+    if not models.known(name):
         raise UsageError(models.unknown_message(name))

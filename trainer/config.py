@@ -11,7 +11,7 @@ import os
 import re
 from typing import Optional, Tuple
 
-from trainer.device import DATA_BACKENDS, KIND_ALIASES, KINDS, canonical_kind
+from trainer.device_names import DATA_BACKENDS, KIND_ALIASES, KINDS, canonical_kind
 from trainer.cli import UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
 from trainer.errors import UsageError
 

@@ -542,12 +542,11 @@ def _loader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=
 def resolve_backend(requested, device):
     """(backend, decoder or None, note or None) for ``--data-backend``: ``auto`` is the device backend where
     the device layer prefers decoding there (``Device.prefers_device_decode``), the CPU backend otherwise."""
-    if requested == HOST_DECODE:
+    if requested == HOST_DECODE or (requested == "auto" and not device.prefers_device_decode):
         return HOST_DECODE, None, None
     decode = device.jpeg_decoder()
     if requested == "auto":
-        return (DEVICE_DECODE, decode, None) if decode is not None and device.prefers_device_decode else \
-            (HOST_DECODE, None, None)
+        return (DEVICE_DECODE, decode, None) if decode is not None else (HOST_DECODE, None, None)
     if decode is None:
         raise DataError("--data-backend gpu: {} has no JPEG decoder here ({}); use --data-backend cpu".format(
             device.name, device.jpeg_decoder_missing()))

@@ -15,9 +15,10 @@ import sys
 
 import torch
 
+from trainer.device_names import (  # noqa: F401 (the device layer's names, re-exported)
+    DATA_BACKENDS, DEVICE_DECODE, HOST_DECODE, KIND_ALIASES, KINDS, canonical_kind)
 from trainer.errors import UsageError
 
-KINDS = ("npu", "cuda", "cpu")
 
 _npu_module = None
 _npu_import_error = None
@@ -101,18 +102,6 @@ def resolve_kind(requested):
         raise UsageError("--device cuda: torch {} sees no CUDA device (CPU-only build, or no driver); "
                          "pick --device cpu".format(torch.__version__))
     return requested
-
-
-# --data-backend: where JPEGs are decoded and augmented: in the CPU data-loader workers, or on the device
-HOST_DECODE, DEVICE_DECODE = "cpu", "gpu"
-DATA_BACKENDS = ("auto", HOST_DECODE, DEVICE_DECODE)
-
-KIND_ALIASES = {"gpu": "cuda"}  # the Ascend guide's parser: --device "npu or gpu"
-
-
-def canonical_kind(name):
-    """``gpu`` -> ``cuda``; other names unchanged."""
-    return KIND_ALIASES.get(name, name)
 
 
 def rendezvous_schemes(kind):
@@ -764,13 +753,23 @@ def _torchvision_version():
         return (0, 0)
 
 
-def versions():
-    out = {"python": platform.python_version(), "torch": torch.__version__}
+def _installed_version(dist, module):
+    """A package's version from its metadata (without importing it: torchvision's import costs seconds),
+    else from the module; None when it is not installed."""
     try:
-        import torchvision
-        out["torchvision"] = torchvision.__version__
+        from importlib import metadata
+        return metadata.version(dist)
     except Exception:
-        out["torchvision"] = None
+        pass
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
+
+
+def versions():
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "torchvision": _installed_version("torchvision", "torchvision")}
     npu = sys.modules.get("torch_npu")
     out["torch_npu"] = getattr(npu, "__version__", "unknown") if npu is not None else None
     amp = apex_amp()

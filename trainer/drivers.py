@@ -186,9 +186,9 @@ def resolve(a, mode, scale, script, env):
     if (a.acc_tolerance or a.fps_ratio) and not a.baseline:
         raise UsageError("--acc_tolerance / --fps_ratio apply to a baseline check: add --baseline=published or "
                          "--baseline=FILE")
-    from trainer import device as devmod
+    from trainer.device_names import KINDS
     p.device = a.device or "auto"
-    kinds = ("auto",) + devmod.KINDS
+    kinds = ("auto",) + KINDS
     if p.device not in kinds:
         raise UsageError("--device must be {} or {}, got '{}'".format(", ".join(kinds[:-1]), kinds[-1], p.device))
     precision = {"o1": "O1", "o2": "O2", "fp32": "fp32"}.get((a.precision or "").lower()) if a.precision else None
