@@ -38,3 +38,18 @@ def test_a_failing_check_is_a_fail_row_and_exit_1(tmp_path, monkeypatch, capsys)
                                            (["--json", "/no/such/dir/x.json"], "does not exist")])
 def test_bad_arguments(args, fragment):
     assert_one_line_error(run_tool("check_device.py", ["--small", "--device", "cpu"] + args), fragment)
+
+
+def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path):
+    """fps-shufflenet --small: synthetic, bare loop, and the trainer fed from JPEGs by the default backend
+    and by the other one (the device backend's logic runs on CPU tensors here)."""
+    out = tmp_path / "results.json"
+    proc = run_tool("check_device.py", ["--small", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
+                                        "--only", "fps-shufflenet", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    row = json.loads(out.read_text())["checks"][0]
+    assert row["status"] == "PASS" and row["data_backend"] == "cpu"
+    assert set(row["jpeg_fps_by_backend"]) == {"cpu", "gpu"}
+    assert all(v > 0 for v in row["jpeg_fps_by_backend"].values())
+    assert row["jpeg_fps"] == row["jpeg_fps_by_backend"]["cpu"] and row["trainer_fps"] > 0
+    assert "gpu backend" in row["detail"]

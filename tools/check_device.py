@@ -17,7 +17,8 @@ Checks (each PASS or FAIL, printed as a table and written as JSON):
                   PASS at 90 % of the bare loop or more (75 % with --small); then the trainer fed from
                   photo-like JPEGs (tools/make_dataset.py --photos, hard-linked to enough files; the
                   default --data-backend, with a worker per CPU core), which must reach 90 % (ResNet50)
-                  / 70 % (ShuffleNetV2) of the synthetic images/s (no bound with --small)
+                  / 70 % (ShuffleNetV2) of the synthetic images/s (no bound with --small); where the
+                  device can decode JPEGs, the other backend is measured too and reported beside it
   onnx            export of the train-amp checkpoint, checked with onnxruntime
   precision       CPU against the device, both in strict float32, per module (tools/compare_precision.py):
                   every output, gradient and BN buffer within 1e-3 of its largest value
@@ -210,16 +211,31 @@ class Battery:
         bare2 = bare_loop(self.device, arch, batch, size, steps, warm)
         bare = (bare1 + bare2) / 2.0
         ratio = trainer / bare if bare and trainer else 0.0
-        jpeg, backend = self._trainer_fps(name + "-jpeg", arch, batch, size, steps, warm,
-                                          data=self.jpeg_data((steps + warm) * batch))
+        data = self.jpeg_data((steps + warm) * batch)
+        jpeg, backend = self._trainer_fps(name + "-jpeg", arch, batch, size, steps, warm, data=data)
         fed = jpeg / trainer if trainer and jpeg else 0.0
         need = self.sizes.jpeg_pass[name]
-        self.record(name, ratio >= self.sizes.fps_pass and fed >= need,
-                    "{} bs {} {} px: trainer {:.0f} img/s, bare loop {:.0f} ({:.0f} / {:.0f}) = {:.3f}; from JPEGs "
-                    "({} backend) {:.0f} img/s = {:.2f} of synthetic (needs {:.2f})".format(
-                        arch, batch, size, trainer or 0, bare, bare1, bare2, ratio, backend, jpeg, fed, need),
+        detail = ("{} bs {} {} px: trainer {:.0f} img/s, bare loop {:.0f} ({:.0f} / {:.0f}) = {:.3f}; from JPEGs "
+                  "({} backend, the default) {:.0f} img/s = {:.2f} of synthetic (needs {:.2f})".format(
+                      arch, batch, size, trainer or 0, bare, bare1, bare2, ratio, backend, jpeg, fed, need))
+        by_backend = {backend: jpeg}
+        other = self.other_data_backend(backend)
+        if other is not None:  # both backends in one call: which one --data-backend auto should be
+            by_backend[other], _ = self._trainer_fps(name + "-jpeg-" + other, arch, batch, size, steps, warm,
+                                                     data=data, backend=other)
+            detail += "; {} backend {:.0f} img/s = {:.2f}{}".format(
+                other, by_backend[other], by_backend[other] / trainer if trainer else 0.0,
+                " (faster than the default)" if by_backend[other] > jpeg else "")
+        self.record(name, ratio >= self.sizes.fps_pass and fed >= need, detail,
                     arch=arch, batch=batch, image_size=size, trainer_fps=trainer, bare_fps=[bare1, bare2], ratio=ratio,
-                    jpeg_fps=jpeg, jpeg_ratio=fed, data_backend=backend)
+                    jpeg_fps=jpeg, jpeg_ratio=fed, data_backend=backend, jpeg_fps_by_backend=by_backend)
+
+    def other_data_backend(self, backend):
+        """The data backend the default did not pick, where this device can run it; else None."""
+        from trainer.device_names import DEVICE_DECODE, HOST_DECODE
+        if backend == DEVICE_DECODE:
+            return HOST_DECODE
+        return DEVICE_DECODE if backend == HOST_DECODE and self.device.jpeg_decoder() is not None else None
 
     def jpeg_data(self, images):
         """A training folder of at least ``images`` JPEGs: photo-like ones of ImageNet's sizes (small mode: the
@@ -249,12 +265,15 @@ class Battery:
         self._jpeg = (root, src, files, made)
         return root
 
-    def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None):
-        """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``."""
+    def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None):
+        """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``
+        (``backend``: a --data-backend; default: the trainer's)."""
         from trainer.config import parse_config
         from trainer import run
         out = os.path.join(self.work, name)
         source = ["--dummy"] if data is None else [data, "-j", str(min(32, os.cpu_count() or 1))]
+        if backend is not None:
+            source += ["--data-backend", backend]
         cfg, _ = parse_config(source + ["-a", arch, "-b", str(batch), "--amp", "--channels-last", "--device",
                                         self.device.kind, "--epochs", "1", "--max-steps-per-epoch", str(steps + warm),
                                         "--fps-warmup-steps", str(warm), "--no-validate", "--train-crop-size",
