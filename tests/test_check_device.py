@@ -53,3 +53,39 @@ def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path):
     assert all(v > 0 for v in row["jpeg_fps_by_backend"].values())
     assert row["jpeg_fps"] == row["jpeg_fps_by_backend"]["cpu"] and row["trainer_fps"] > 0
     assert "gpu backend" in row["detail"]
+
+
+def test_backends_check_trains_from_both_data_backends_with_batched_crops_on_cpu(tmp_path, monkeypatch):
+    """backends --small: one run per data backend from the same seed; on a CPU the device backend runs the
+    batched roi_align crops an accelerator runs (its CPU default crops image by image)."""
+    from trainer import batch_decode
+    calls = []
+    real = batch_decode.resized_crops
+    monkeypatch.setattr(batch_decode, "resized_crops", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+    monkeypatch.setattr(check_device, "BACKEND_ACC_GAP", 100.0)  # the tiny model's seeds alone spread ~17 points
+    out = tmp_path / "r.json"
+    rc = check_device.main(["--small", "--device", "cpu", "--only", "backends", "--json", str(out),
+                            "--work-dir", str(tmp_path / "w")])
+    row = json.loads(out.read_text())["checks"][0]
+    assert rc == 0 and row["status"] == "PASS", row["detail"]
+    assert set(row["runs"]) == {"cpu", "gpu"}
+    for run in row["runs"].values():
+        assert run["losses"][-1] < 0.8 * run["losses"][0] and run["acc1"] > 20
+    # each model also validated through the other backend: the same images, so nearly the same score
+    assert abs(row["runs"]["cpu"]["acc1_gpu"] - row["runs"]["cpu"]["acc1"]) <= 3
+    assert abs(row["runs"]["gpu"]["acc1_cpu"] - row["runs"]["gpu"]["acc1"]) <= 3
+    assert calls and all(n > 1 for n in calls)  # whole batches (training) through roi_align
+    assert "Acc@1 gap" in row["detail"]
+
+
+def test_backends_alike_needs_both_runs_trained_and_close():
+    good = {"losses": [2.3, 1.2], "acc1": 60.0, "acc1_gpu": 59.0}
+    other = {"losses": [2.3, 1.3], "acc1": 52.0, "acc1_cpu": 53.5}
+    alike = check_device.backends_alike
+    assert alike({"cpu": good, "gpu": other}, 10.0, 3.0)[0]
+    ok, detail = alike({"cpu": good, "gpu": dict(other, acc1=45.0, acc1_cpu=45.0)}, 10.0, 3.0)
+    assert not ok and "gap 15.0 points" in detail
+    ok, detail = alike({"cpu": good, "gpu": dict(other, acc1_cpu=40.0)}, 10.0, 3.0)
+    assert not ok and "other backend 12.0" in detail and "40.0 % through cpu" in detail
+    assert not alike({"cpu": good, "gpu": dict(other, losses=[2.3, 2.2])}, 10.0, 3.0)[0]
+    assert not alike({"cpu": good, "gpu": dict(other, acc1=15.0, acc1_cpu=15.0)}, 100.0, 3.0)[0]

@@ -19,6 +19,10 @@ Checks (each PASS or FAIL, printed as a table and written as JSON):
                   default --data-backend, with a worker per CPU core), which must reach 90 % (ResNet50)
                   / 70 % (ShuffleNetV2) of the synthetic images/s (no bound with --small); where the
                   device can decode JPEGs, the other backend is measured too and reported beside it
+  backends        train-fp32's run once per data backend (cpu, and the device's JPEG decoder), same seed:
+                  both train, their Acc@1 differ by at most 15 points, and each model validated through
+                  the other backend scores within 3 points of its own; on a CPU the device backend's
+                  batched roi_align crops (what an accelerator runs) are forced
   onnx            export of the train-amp checkpoint, checked with onnxruntime
   precision       CPU against the device, both in strict float32, per module (tools/compare_precision.py):
                   every output, gradient and BN buffer within 1e-3 of its largest value
@@ -49,7 +53,12 @@ from trainer import cli  # noqa: E402
 from trainer.errors import UsageError  # noqa: E402
 
 CHECKS = ("contract", "train-fp32", "train-amp", "train-fp16", "guard", "fps-resnet50", "fps-shufflenet",
-          "onnx", "precision", "ddp")
+          "backends", "onnx", "precision", "ddp")
+# the backends check: the largest Acc@1 gap between the runs trained from each data backend that still reads
+# as "alike" (the spread between seeds of one backend is of this order: docs/BENCHMARKS.md), and between a
+# model's Acc@1 through either backend's validation pipeline (same images, same model)
+BACKEND_ACC_GAP = 15.0
+BACKEND_CROSS_GAP = 3.0
 FPS_PASS = 0.90
 PRECISION_RTOL = 1e-3  # strict float32 on both sides: only summation order differs
 
@@ -268,27 +277,44 @@ class Battery:
     def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None):
         """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``
         (``backend``: a --data-backend; default: the trainer's)."""
-        from trainer.config import parse_config
-        from trainer import run
-        out = os.path.join(self.work, name)
         source = ["--dummy"] if data is None else [data, "-j", str(min(32, os.cpu_count() or 1))]
         if backend is not None:
             source += ["--data-backend", backend]
-        cfg, _ = parse_config(source + ["-a", arch, "-b", str(batch), "--amp", "--channels-last", "--device",
-                                        self.device.kind, "--epochs", "1", "--max-steps-per-epoch", str(steps + warm),
-                                        "--fps-warmup-steps", str(warm), "--no-validate", "--train-crop-size",
-                                        str(size), "--seed", "0", "-p", str(steps + warm), "--output-dir", out,
-                                        "--no-tensorboard", "--progress", "lines"], env={})
-        from trainer.run import preflight
-        cfg = preflight(cfg)
-        with open(os.path.join(self.work, name + ".log"), "w") as f, contextlib.redirect_stdout(f):
-            code = run.worker(cfg)
-        s = {}
-        if code == 0:
-            with open(os.path.join(out, "summary.json")) as f:
-                s = json.load(f)
+        _, s, _ = train_in_process(os.path.join(self.work, name), source + [
+            "-a", arch, "-b", str(batch), "--amp", "--channels-last", "--device", self.device.kind, "--epochs", "1",
+            "--max-steps-per-epoch", str(steps + warm), "--fps-warmup-steps", str(warm), "--no-validate",
+            "--train-crop-size", str(size), "--seed", "0", "-p", str(steps + warm)], batched=False)
         fps = s.get("train_fps") or 0.0
         return fps if data is None else (fps, s.get("data_backend"))
+
+    def check_backends(self):
+        from trainer.device_names import DEVICE_DECODE, HOST_DECODE
+        if self.device.jpeg_decoder() is None:
+            self.record("backends", True, "{} has no JPEG decoder: only the cpu backend runs here".format(
+                self.device.kind))
+            return
+        common = [self.dataset(), "-a", self.sizes.train_arch] + self.base()
+        runs, backends = {}, (HOST_DECODE, DEVICE_DECODE)
+        for backend in backends:
+            out = os.path.join(self.work, "backends-" + backend)
+            code, s, losses = train_in_process(out, common + self.sizes.train_args + ["--data-backend", backend])
+            if code != 0 or s.get("status") != "ok":
+                self.record("backends", False, "--data-backend {}: exit {}, status {}".format(
+                    backend, code, s.get("status")))
+                return
+            runs[backend] = {"acc1": s.get("final_acc1") or 0.0, "losses": losses, "train_fps": s.get("train_fps"),
+                             "checkpoint": os.path.join(out, "checkpoint.pth.tar")}
+        for backend, r in runs.items():  # each model validated through the other backend's pipeline too
+            other = [b for b in backends if b != backend][0]
+            code, s, _ = train_in_process(os.path.join(self.work, "backends-{}-val-{}".format(backend, other)),
+                                          common + ["-e", "--resume", r["checkpoint"], "--data-backend", other])
+            if code != 0 or s.get("status") != "ok":
+                self.record("backends", False, "-e --data-backend {} of the {} run: exit {}, status {}".format(
+                    other, backend, code, s.get("status")))
+                return
+            r["acc1_" + other] = s.get("final_acc1") or 0.0
+        ok, detail = backends_alike(runs, BACKEND_ACC_GAP, BACKEND_CROSS_GAP)
+        self.record("backends", ok, detail, runs=runs)
 
     def check_onnx(self):
         ckpt = os.path.join(self.work, "train-amp", "checkpoint.pth.tar")
@@ -338,6 +364,65 @@ class Battery:
         backend = self.device.dist_backend
         self.record("ddp", ok, "{} spawned, 1 process: exit {}, status {}".format(
             backend, rc, s and s.get("status")) + ("" if ok else ": " + _tail(text)))
+
+
+@contextlib.contextmanager
+def batched_crops():
+    """The device data backend crops with its batched roi_align even on a CPU (where it otherwise crops image
+    by image with torch's uint8 resize): what an accelerator runs, on CPU tensors."""
+    from trainer.device import Device
+    saved = Device.crops_per_image
+    Device.crops_per_image = property(lambda self: False)
+    try:
+        yield
+    finally:
+        Device.crops_per_image = saved
+
+
+def train_in_process(out, args, batched=True):
+    """main.py ``args`` run in this process (output in ``out``, its log in ``out``.log); on a CPU with the
+    device backend's batched crops (``batched_crops``) unless ``batched`` is False. Returns (exit code,
+    summary dict (the evaluation's with -e), epoch losses)."""
+    from trainer import summary
+    from trainer import run
+    from trainer.config import parse_config
+    cfg, _ = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
+    cfg = run.preflight(cfg)
+    with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        with batched_crops() if batched and cfg.device == "cpu" else contextlib.nullcontext():
+            code = run.worker(cfg)
+    with open(out + ".log") as f:
+        text = f.read()
+    s = {}
+    path = os.path.join(out, summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY)
+    if os.path.exists(path):
+        with open(path) as f:
+            s = json.load(f)
+    return code, s, epoch_losses(text)
+
+
+def backends_alike(runs, gap, cross_gap):
+    """(ok, detail) for {backend: {"acc1", "losses", "acc1_<other backend>"}}: every run's loss fell by a
+    fifth and its Acc@1 is at least twice chance on 10 classes (20 %); the runs' Acc@1 differ by at most
+    ``gap`` points (different training data: seed-like noise); each model scores within ``cross_gap``
+    points when its validation images come from the other backend (the same model on the same images:
+    only the pipelines differ)."""
+    trained = all(len(r["losses"]) >= 2 and r["losses"][-1] < 0.8 * r["losses"][0] and r["acc1"] > 20.0
+                  for r in runs.values())
+    accs = [r["acc1"] for r in runs.values()]
+    spread = max(accs) - min(accs)
+    cross = {b: max([abs(r["acc1"] - v) for k, v in r.items() if k.startswith("acc1_")] or [0.0])
+             for b, r in runs.items()}
+    parts = []
+    for b, r in runs.items():
+        others = ", ".join("{:.1f} % through {}".format(v, k[5:]) for k, v in sorted(r.items()) if k.startswith("acc1_"))
+        parts.append("{}: loss {} -> {}, Acc@1 {:.1f} %{}".format(
+            b, _f(r["losses"][0] if r["losses"] else None), _f(r["losses"][-1] if r["losses"] else None), r["acc1"],
+            " ({})".format(others) if others else ""))
+    worst_cross = max(cross.values())
+    ok = trained and spread <= gap and worst_cross <= cross_gap
+    return ok, "; ".join(parts) + "; Acc@1 gap {:.1f} points (at most {:g}), through the other backend {:.1f} " \
+        "(at most {:g})".format(spread, gap, worst_cross, cross_gap)
 
 
 def overflow_contract(device, precision, fused):
