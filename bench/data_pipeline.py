@@ -5,7 +5,7 @@
                                    [--batch-size 64] [--split train|val] [--rounds 2] [--device auto]
                                    [--json FILE]
     python3 bench/data_pipeline.py DATA --epoch-vs-examples [--arch shufflenet_v2_x0_5] [--batch-size 64]
-                                   [--workers N] [--json FILE]
+                                   [--workers N] [--synthetic] [--json FILE]
 
 Loader mode: each backend delivers --images images as normalised float batches on the device, the way
 training consumes them, and is timed from its first to its last batch (the first batch, with worker
@@ -28,7 +28,8 @@ thread (torch.set_num_threads(1)), as the workers do.
 --epoch-vs-examples: one training epoch from the same JPEGs, this trainer (main.py) against a loop that
 does what pytorch/examples' imagenet/main.py does per step (its transforms in the workers, the batch
 copied, forward, loss, accuracy, loss.item(), backward, SGD), same model, batch, workers and float32;
-images/s of each and their ratio.
+images/s of each and their ratio. --synthetic adds both loops on synthetic data (the trainer's --dummy,
+the loop on one batch made once), which splits each one's time per image into the model's and the data's.
 """
 import argparse
 import json
@@ -161,11 +162,17 @@ def loader_bench(a, device):
     return out
 
 
-def examples_epoch(root, arch, batch, workers, device):
-    """One epoch the way pytorch/examples' imagenet/main.py trains (float32), images/s after 5 steps."""
+def examples_epoch(root, arch, batch, workers, device, synthetic=False):
+    """One epoch the way pytorch/examples' imagenet/main.py trains (float32), images/s after 5 steps; with
+    ``synthetic``, as many steps on one random batch made once (the model's cost alone)."""
     import models
     loader = torchvision_loader(root, "train", batch, workers)
-    model = models.get_model(arch, num_classes=len(loader.dataset.classes)).to(device.torch_device)
+    classes = len(loader.dataset.classes)
+    if synthetic:
+        g = torch.Generator().manual_seed(0)
+        loader = [(torch.randn(batch, 3, 224, 224, generator=g), torch.randint(0, classes, (batch,), generator=g))
+                  ] * len(loader)
+    model = models.get_model(arch, num_classes=classes).to(device.torch_device)
     criterion = torch.nn.CrossEntropyLoss().to(device.torch_device)
     opt = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9, weight_decay=1e-4)
     model.train()
@@ -188,9 +195,14 @@ def examples_epoch(root, arch, batch, workers, device):
     return n / (time.perf_counter() - t0)
 
 
-def trainer_epoch(root, arch, batch, workers, device_kind):
+def trainer_epoch(root, arch, batch, workers, device_kind, synthetic=False):
+    """main.py's images/s over one epoch from the JPEGs; with ``synthetic``, as many steps of --dummy."""
     out = tempfile.mkdtemp(prefix="bench-epoch-")
-    cmd = [sys.executable, os.path.join(ROOT, "main.py"), root, "-a", arch, "--epochs", "1", "-b", str(batch),
+    source = [root]
+    if synthetic:
+        jpegs = torchvision_loader(root, "train", batch, 0)
+        source = ["--dummy", "--num-classes", str(len(jpegs.dataset.classes)), "--max-steps-per-epoch", str(len(jpegs))]
+    cmd = [sys.executable, os.path.join(ROOT, "main.py")] + source + ["-a", arch, "--epochs", "1", "-b", str(batch),
            "-j", str(workers), "--no-validate", "--device", device_kind, "--output-dir", out, "--progress", "lines",
            "--no-tensorboard", "-p", "1000", "--fps-warmup-steps", "5", "--seed", "0"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -212,6 +224,8 @@ def main(argv=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--epoch-vs-examples", action="store_true")
     p.add_argument("--arch", default="shufflenet_v2_x0_5")
+    p.add_argument("--synthetic", action="store_true",
+                   help="with --epoch-vs-examples: also both loops on synthetic data (the model's cost alone)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     if not a.epoch_vs_examples:
@@ -224,16 +238,28 @@ def main(argv=None):
     print("device {}, {} CPUs, {} workers, batch {}".format(device.name, os.cpu_count(), a.workers, a.batch_size))
     if a.epoch_vs_examples:
         res = {}
+        names = ["examples", "trainer"] + (["examples-synthetic", "trainer-synthetic"] if a.synthetic else [])
         for r in range(a.rounds):
-            for name in (["examples", "trainer"] if r % 2 == 0 else ["trainer", "examples"]):
-                fps = examples_epoch(a.data, a.arch, a.batch_size, a.workers, device) if name == "examples" else \
-                    trainer_epoch(a.data, a.arch, a.batch_size, a.workers, device.kind)
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                synthetic = name.endswith("-synthetic")
+                fps = examples_epoch(a.data, a.arch, a.batch_size, a.workers, device, synthetic) \
+                    if name.startswith("examples") else \
+                    trainer_epoch(a.data, a.arch, a.batch_size, a.workers, device.kind, synthetic)
                 res.setdefault(name, []).append(fps)
-                print("round {} {:<9} {:8.1f} images/s".format(r, name, fps), flush=True)
+                print("round {} {:<18} {:8.1f} images/s".format(r, name, fps), flush=True)
         mean = {k: sum(v) / len(v) for k, v in res.items()}
         result = {"epoch": {"arch": a.arch, "images_per_second": mean, "runs": res,
                             "ratio": mean["trainer"] / mean["examples"]}}
         print("trainer / examples: {:.2f}".format(result["epoch"]["ratio"]))
+        if a.synthetic:
+            # per image: the model's time (synthetic) and what the JPEGs add to it (the data's CPU time, taken
+            # from the cores the model runs on)
+            ms = {k: 1000.0 / v for k, v in mean.items()}
+            data_ms = {k: ms[k] - ms[k + "-synthetic"] for k in ("examples", "trainer")}
+            result["epoch"]["ms_per_image"], result["epoch"]["data_ms_per_image"] = ms, data_ms
+            for k in ("examples", "trainer"):
+                print("{:<9} {:6.2f} ms per image: model {:6.2f} + data {:5.2f}".format(
+                    k, ms[k], ms[k + "-synthetic"], data_ms[k]))
     else:
         result = {"loader": loader_bench(a, device), "split": a.split, "images": a.images}
     if a.json:
