@@ -14,9 +14,11 @@ torchvision) so that a gap can be told apart as the filter's or the decoder's.
 Each trained model is also validated through the cpu backend's pipeline (``-e``): the same model on the
 same images, so any difference is the pipelines'. Reported: final Acc@1 (own pipeline and cpu's) and
 last-epoch training loss of every run, and per backend their mean and the spread between seeds; the
-backends train alike when the gap between their means is within the seeds' own spread.
+backends train alike when the gap between their means is within the seeds' own spread. Last, how far the
+two backends' training crops are apart for the same seed (grey levels, and each one's sharpness).
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -26,8 +28,40 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import torch  # noqa: E402
+
 from tools import check_device  # noqa: E402
+from trainer import data as datamod  # noqa: E402
 from trainer.device import Device  # noqa: E402
+
+
+def crop_difference(root, sizes, device, batches=8, batch=32):
+    """How far the two backends' training crops are apart, pixel for pixel, for the same seed (the first
+    ``batches`` batches of epoch 0): mean |difference|, mean signed difference and each one's sharpness
+    (mean absolute horizontal gradient), in grey levels."""
+    opt = lambda name: sizes.crop[sizes.crop.index(name) + 1]  # noqa: E731  (the runs' crop options)
+
+    class Cfg:
+        dummy, channels_last, data = False, False, root
+        train_crop_size, val_crop_size = int(opt("--train-crop-size")), int(opt("--val-crop-size"))
+        val_resize_size, crop_scale_min = int(opt("--val-resize-size")), float(opt("--crop-scale-min"))
+
+    def crops(backend):
+        cfg = Cfg()
+        cfg.data_backend = backend
+        with check_device.batched_crops() if device.kind == "cpu" else contextlib.nullcontext():
+            train, _, _ = datamod.build(cfg, device, batch, 0, 1, 0, seed=0)
+            train.sampler.set_epoch(0)
+            out = []
+            for i, b in enumerate(train):
+                out.append(b[0].float().cpu())
+                if i + 1 == batches:
+                    break
+        return torch.cat(out)
+    a, b = crops("cpu"), crops("gpu")
+    sharp = lambda x: float((x[..., 1:] - x[..., :-1]).abs().mean())  # noqa: E731
+    return {"images": a.shape[0], "mean_abs": float((a - b).abs().mean()), "mean": float((b - a).mean()),
+            "sharpness_cpu": sharp(a), "sharpness_gpu": sharp(b)}
 
 
 def main(argv=None):
@@ -84,10 +118,14 @@ def main(argv=None):
     spread = max(v["acc1_spread"] for v in summary.values())
     print("gap between the cpu and gpu backends' mean Acc@1: {:.1f} points; largest spread between seeds: {:.1f}"
           .format(gap, spread))
+    diff = crop_difference(battery.dataset(), sizes, device)
+    print("training crops, gpu against cpu ({images} crops, seed 0): mean |difference| {mean_abs:.2f} grey levels, "
+          "mean difference {mean:+.2f}; sharpness cpu {sharpness_cpu:.2f}, gpu {sharpness_gpu:.2f}".format(**diff))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": device.name, "arch": sizes.train_arch, "image": sizes.image, "seeds": a.seeds,
-                       "backends": summary, "gap": gap, "seed_spread": spread}, f, indent=1)
+                       "backends": summary, "gap": gap, "seed_spread": spread, "crop_difference": diff}, f,
+                      indent=1)
     return 0
 
 
