@@ -28,8 +28,8 @@ Checks (each PASS or FAIL, printed as a table and written as JSON):
                   every output, gradient and BN buffer within 1e-3 of its largest value
   ddp             a one-device run spawned through --multiprocessing-distributed (nccl / hccl / gloo)
 
---small uses tiny models and images (a 2-core CPU runs all 11 checks in about 90 s); without it the sizes are the
-ones that matter on an accelerator (ResNet50 at batch 256, ShuffleNetV2 at batch 1024, 224 px).
+--small uses tiny models and images (a 2-core CPU runs all 11 checks in about 90 s); without it the sizes
+are the ones that matter on an accelerator (ResNet50 at batch 256, ShuffleNetV2 at batch 1024, 224 px).
 Exit codes: 0 all PASS, 1 a FAIL, 2 a usage error. Training output goes to --work-dir/*.log.
 """
 import argparse
