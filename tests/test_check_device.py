@@ -74,7 +74,9 @@ def test_backends_check_trains_from_both_data_backends_with_batched_crops_on_cpu
     # each model also validated through the other backend: the same images, so nearly the same score
     assert abs(row["runs"]["cpu"]["acc1_gpu"] - row["runs"]["cpu"]["acc1"]) <= 3
     assert abs(row["runs"]["gpu"]["acc1_cpu"] - row["runs"]["gpu"]["acc1"]) <= 3
-    assert calls and all(n > 1 for n in calls)  # whole batches (training) through roi_align
+    # every training batch of the gpu run through roi_align: --small trains 3 epochs of 1500 images in
+    # batches of 16 (93 steps each); validation adds a few batches of other sizes
+    assert calls.count(16) >= 3 * 93
     assert "Acc@1 gap" in row["detail"]
 
 
