@@ -18,7 +18,6 @@ backends train alike when the gap between their means is within the seeds' own s
 two backends' training crops are apart for the same seed (grey levels, and each one's sharpness).
 """
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -33,6 +32,7 @@ import torch  # noqa: E402
 from tools import check_device  # noqa: E402
 from trainer import data as datamod  # noqa: E402
 from trainer.device import Device  # noqa: E402
+from trainer.device_names import DEVICE_DECODE, HOST_DECODE  # noqa: E402
 
 
 def crop_difference(root, sizes, device, batches=8, batch=32):
@@ -49,7 +49,7 @@ def crop_difference(root, sizes, device, batches=8, batch=32):
     def crops(backend):
         cfg = Cfg()
         cfg.data_backend = backend
-        with check_device.batched_crops() if device.kind == "cpu" else contextlib.nullcontext():
+        with check_device.batched_crops():
             train, _, _ = datamod.build(cfg, device, batch, 0, 1, 0, seed=0)
             train.sampler.set_epoch(0)
             out = []
@@ -58,7 +58,7 @@ def crop_difference(root, sizes, device, batches=8, batch=32):
                 if i + 1 == batches:
                     break
         return torch.cat(out)
-    a, b = crops("cpu"), crops("gpu")
+    a, b = crops(HOST_DECODE), crops(DEVICE_DECODE)
     sharp = lambda x: float((x[..., 1:] - x[..., :-1]).abs().mean())  # noqa: E731
     return {"images": a.shape[0], "mean_abs": float((a - b).abs().mean()), "mean": float((b - a).mean()),
             "sharpness_cpu": sharp(a), "sharpness_gpu": sharp(b)}
@@ -79,7 +79,8 @@ def main(argv=None):
     sizes = check_device.Sizes(a.small or (device.kind == "cpu" and not a.full))
     work = a.work_dir or tempfile.mkdtemp(prefix="backend-accuracy-")
     battery = check_device.Battery(device, work, sizes, print)
-    backends = ["cpu", "gpu"] + (["gpu-per-image"] if a.per_image and device.kind == "cpu" else [])
+    per_image = DEVICE_DECODE + "-per-image"  # the device backend with its own crops (image by image on a CPU)
+    backends = [HOST_DECODE, DEVICE_DECODE] + ([per_image] if a.per_image and device.kind == "cpu" else [])
     runs = {b: [] for b in backends}
     print("device {}, {} on {}-px images, seeds {}".format(device.name, sizes.train_arch, sizes.image, a.seeds))
     for seed in a.seeds:
@@ -88,14 +89,14 @@ def main(argv=None):
             common[common.index("--seed") + 1] = str(seed)
             out = os.path.join(work, "{}-seed{}".format(b, seed))
             code, s, losses = check_device.train_in_process(
-                out, common + sizes.train_args + ["--data-backend", b.split("-")[0]], batched=b != "gpu-per-image")
+                out, common + sizes.train_args + ["--data-backend", b.split("-")[0]], batched=b != per_image)
             if code != 0 or s.get("status") != "ok":
                 raise SystemExit("{} seed {}: exit {}, status {} (log: {}.log)".format(b, seed, code, s.get("status"),
                                                                                      out))
             run = {"seed": seed, "acc1": s["final_acc1"], "loss": losses[-1], "losses": losses}
-            if b != "cpu":  # the same model on the same images through the cpu backend's pipeline
+            if b != HOST_DECODE:  # the same model on the same images through the cpu backend's pipeline
                 code, e, _ = check_device.train_in_process(out + "-val-cpu", common + [
-                    "-e", "--resume", os.path.join(out, "checkpoint.pth.tar"), "--data-backend", "cpu"])
+                    "-e", "--resume", os.path.join(out, "checkpoint.pth.tar"), "--data-backend", HOST_DECODE])
                 run["acc1_through_cpu"] = e.get("final_acc1")
             runs[b].append(run)
             print("seed {} {:<14} Acc@1 {:5.1f} %{}  last-epoch loss {:.3f}".format(
@@ -114,7 +115,7 @@ def main(argv=None):
         print("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.3f} |".format(
             b, ", ".join("{:.1f}".format(x) for x in accs), summary[b]["acc1_mean"], summary[b]["acc1_spread"],
             through, summary[b]["loss_mean"]))
-    gap = abs(summary["gpu"]["acc1_mean"] - summary["cpu"]["acc1_mean"])
+    gap = abs(summary[DEVICE_DECODE]["acc1_mean"] - summary[HOST_DECODE]["acc1_mean"])
     spread = max(v["acc1_spread"] for v in summary.values())
     print("gap between the cpu and gpu backends' mean Acc@1: {:.1f} points; largest spread between seeds: {:.1f}"
           .format(gap, spread))

@@ -368,8 +368,8 @@ class Battery:
 
 @contextlib.contextmanager
 def batched_crops():
-    """The device data backend crops with its batched roi_align even on a CPU (where it otherwise crops image
-    by image with torch's uint8 resize): what an accelerator runs, on CPU tensors."""
+    """The device data backend crops with its batched roi_align on every device, a CPU included (where it
+    otherwise crops image by image with torch's uint8 resize): what an accelerator runs."""
     from trainer.device import Device
     saved = Device.crops_per_image
     Device.crops_per_image = property(lambda self: False)
@@ -381,7 +381,8 @@ def batched_crops():
 
 def train_in_process(out, args, batched=True):
     """main.py ``args`` run in this process (output in ``out``, its log in ``out``.log); on a CPU with the
-    device backend's batched crops (``batched_crops``) unless ``batched`` is False. Returns (exit code,
+    device backend's batched crops (``batched_crops``; what accelerators run anyway) unless ``batched`` is
+    False. Returns (exit code,
     summary dict (the evaluation's with -e), epoch losses)."""
     from trainer import summary
     from trainer import run
@@ -389,7 +390,7 @@ def train_in_process(out, args, batched=True):
     cfg, _ = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
     cfg = run.preflight(cfg)
     with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        with batched_crops() if batched and cfg.device == "cpu" else contextlib.nullcontext():
+        with batched_crops() if batched else contextlib.nullcontext():
             code = run.worker(cfg)
     with open(out + ".log") as f:
         text = f.read()
