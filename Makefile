@@ -15,9 +15,10 @@ $(STAMP): requirements.txt
 	@command -v shellcheck >/dev/null 2>&1 || ./tools/install_system_deps.sh
 	@touch $@
 
-# pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start)
+# pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
+# marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
 test: install
-	$(PY) -m pytest -q -n auto --maxprocesses 4 tests
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests
 
 # What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
 # check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.

@@ -35,6 +35,10 @@ def tiny_layout(tmp_path_factory):
     return dataset(tmp_path_factory, "tiny", 4, 12, 5, seed=1, layout="tiny-imagenet")
 
 
+# Tests that start a job of several ranks (gloo on localhost) share one pytest-xdist worker (make test runs
+# with --dist loadgroup): two such jobs at once could race for the ports each picks free and then binds.
+RANKS = pytest.mark.xdist_group("ranks")
+
 SMALL = ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-j", "0", "-p", "5"]
 
 

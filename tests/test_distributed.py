@@ -10,8 +10,10 @@ import time
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, assert_one_line_error, gone, read_lines, read_summary, run_main
+from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, gone, read_lines, read_summary, run_main
 from tools.make_dataset import generate
+
+pytestmark = RANKS
 
 # one optimizer step of a BN-free model, then a full validation pass
 STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "8", "--lr", "0.1",

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import PY, ROOT, assert_one_line_error, dataset, gone, read_lines
+from conftest import PY, RANKS, ROOT, assert_one_line_error, dataset, gone, read_lines
 from tools import acceptance
 from trainer.device import cpu_native_bf16
 
@@ -149,6 +149,7 @@ def test_full_1p_imagenet_layout_moves_an_earlier_run_aside(imagenet_small, tmp_
     assert_case_log(out, "tiny_cnn_bs8_1p_acc", "tiny_cnn", 1, 8, s)
 
 
+@RANKS
 def test_full_8p_two_ranks_tiny_imagenet_layout(tiny_small, tmp_path):
     out = tmp_path / "run8"
     proc = run_driver("train_full_8p.sh", ["--data_path=" + tiny_small, "--arch=tiny_cnn", "--device=cpu",
@@ -201,6 +202,7 @@ def test_performance_1p_recipe_mapping_and_failed_baseline(imagenet_small, tmp_p
 # ---------------------------------------------------------------- failures and interruption
 
 
+@RANKS
 def test_8p_rank_killed_stops_the_others_and_names_it(imagenet_small, tmp_path):
     out = tmp_path / "killed"
     proc = start_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
@@ -230,6 +232,7 @@ def test_rank_usage_error_exits_2_with_its_message(imagenet_small, tmp_path):
                        "unrecognized arguments: --no-such-flag", "log: {}".format(out / "train_0.log"))
 
 
+@RANKS
 def test_ctrl_c_stops_every_rank(imagenet_small, tmp_path):
     out = tmp_path / "interrupted"
     proc = start_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
@@ -278,6 +281,7 @@ def test_npu_1p_uses_device_id_and_apex_at_the_recipe_level(imagenet_small, tmp_
     assert [c["call"] for c in call_log(calls) if c["pid"] == pid][0] == ["set_device", "npu:3"]
 
 
+@RANKS
 def test_npu_8p_device_list_maps_ranks_to_devices(imagenet_small, tmp_path):
     calls = tmp_path / "calls.jsonl"
     proc = run_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=npu",
@@ -620,6 +624,7 @@ def test_acceptance_cli_errors(tmp_path, args, code, fragment):
 # ---------------------------------------------------------------- one recipe engine
 
 
+@RANKS
 def test_driver_and_main_recipe_resolve_alike_and_train_the_same_weights(imagenet_small, tmp_path):
     """train_full_8p.sh --rank_size=2 and main.py --recipe ..._8p on 2 spawned processes: one rule adapts the
     recipe (here: an explicit batch of 8 scales the recipe's lr and warm-up), and the two runs are one run."""

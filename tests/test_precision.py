@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import SMALL, assert_one_line_error, read_summary, run_main
+from conftest import RANKS, SMALL, assert_one_line_error, read_summary, run_main
 from trainer import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
@@ -230,7 +230,7 @@ def _files(folder):
             for f in ("checkpoint.pth.tar", "model_best.pth.tar") if os.path.exists(os.path.join(str(folder), f))}
 
 
-@pytest.mark.parametrize("procs", [1, 2])
+@pytest.mark.parametrize("procs", [1, pytest.param(2, marks=RANKS)])
 def test_huge_lr_stops_as_diverged_and_keeps_the_last_good_checkpoints(shapes, tmp_path, procs):
     dist = [] if procs == 1 else ["--multiprocessing-distributed", "--device-list", "0,1", "--port", "0"]
     good = run_main([shapes, "--epochs", "1", "--output-dir", str(tmp_path)] + HUGE + dist)
