@@ -6,6 +6,8 @@
                                    [--json FILE]
     python3 bench/data_pipeline.py DATA --epoch-vs-examples [--arch shufflenet_v2_x0_5] [--batch-size 64]
                                    [--workers N] [--synthetic] [--json FILE]
+    python3 bench/data_pipeline.py DATA --decode-ahead [--arch ...] [--batch-size 64] [--workers N]
+                                   [--rounds 2] [--device auto] [--json FILE]
 
 Loader mode: each backend delivers --images images as normalised float batches on the device, the way
 training consumes them, and is timed from its first to its last batch (the first batch, with worker
@@ -30,6 +32,13 @@ does what pytorch/examples' imagenet/main.py does per step (its transforms in th
 copied, forward, loss, accuracy, loss.item(), backward, SGD), same model, batch, workers and float32;
 images/s of each and their ratio. --synthetic adds both loops on synthetic data (the trainer's --dummy,
 the loop on one batch made once), which splits each one's time per image into the model's and the data's.
+
+--decode-ahead: one training epoch of main.py with --data-backend gpu, in this process, with the next batch
+prepared in a thread beside the training step (what CUDA does) and on the training thread (what the other
+devices do), alternating, --rounds times; images/s and the fraction of time spent waiting for data. First,
+whether the device's JPEG decoder lets two threads run at once: a batch of the files decoded by one
+thread, then by two threads each decoding it (about the same time for twice the work: it releases the
+interpreter lock, so the thread can overlap the step; twice the time: it does not).
 """
 import argparse
 import json
@@ -212,6 +221,49 @@ def trainer_epoch(root, arch, batch, workers, device_kind, synthetic=False):
         return json.load(f)["train_fps"]
 
 
+def decoder_threads(root, device, batch, rounds=3):
+    """(seconds for one thread to decode a batch of ``root``'s train files with the device's decoder, seconds
+    for two threads to decode it once each, at once); best of ``rounds``."""
+    import threading
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "train")) for f in fs)[:batch]
+    raws = [torch.frombuffer(bytearray(datamod.read_bytes(f)), dtype=torch.uint8) for f in files]
+    decode = device.jpeg_decoder()
+    if decode is None:
+        raise SystemExit(device.jpeg_decoder_missing())
+
+    def work():
+        decode(raws)
+        device.synchronize()
+    work()  # warm-up (decoder start-up)
+    one = two = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        work()
+        one = min(one, time.perf_counter() - t0)
+        threads = [threading.Thread(target=lambda: (device.bind_thread(), work())) for _ in range(2)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        two = min(two, time.perf_counter() - t0)
+    return one, two
+
+
+def decode_ahead_epoch(root, arch, batch, workers, device_kind, ahead):
+    """(images/s, data-time fraction) of one main.py epoch with the device backend, its next batch prepared
+    in a thread (``ahead``) or on the training thread."""
+    from tools.check_device import train_in_process
+    out = tempfile.mkdtemp(prefix="bench-ahead-")
+    code, s, _ = train_in_process(os.path.join(out, "run"), [
+        root, "-a", arch, "--epochs", "1", "-b", str(batch), "-j", str(workers), "--no-validate", "--device",
+        device_kind, "--data-backend", "gpu", "-p", "1000", "--fps-warmup-steps", "5", "--seed", "0"],
+        batched=False, decode_ahead=ahead)
+    if code != 0 or s.get("status") != "ok":
+        raise SystemExit("main.py failed: see {}".format(os.path.join(out, "run.log")))
+    return s["train_fps"], s.get("data_time_fraction")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data")
@@ -226,9 +278,11 @@ def main(argv=None):
     p.add_argument("--arch", default="shufflenet_v2_x0_5")
     p.add_argument("--synthetic", action="store_true",
                    help="with --epoch-vs-examples: also both loops on synthetic data (the model's cost alone)")
+    p.add_argument("--decode-ahead", action="store_true",
+                   help="main.py epochs with --data-backend gpu, the next batch decoded beside the step or not")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    if not a.epoch_vs_examples:
+    if not (a.epoch_vs_examples or a.decode_ahead):
         # The loader's consumer (normalisation) runs in this process with one thread, as DataLoader workers
         # do: OpenMP threads spinning here would otherwise be counted as the pipeline's CPU time.
         torch.set_num_threads(1)
@@ -260,6 +314,23 @@ def main(argv=None):
             for k in ("examples", "trainer"):
                 print("{:<9} {:6.2f} ms per image: model {:6.2f} + data {:5.2f}".format(
                     k, ms[k], ms[k + "-synthetic"], data_ms[k]))
+    elif a.decode_ahead:
+        one, two = decoder_threads(a.data, device, a.batch_size)
+        print("decoder: one thread {:.3f} s per batch, two threads a batch each {:.3f} s ({:.2f}x the time "
+              "for twice the work)".format(one, two, two / one), flush=True)
+        runs = {"thread": [], "training-thread": []}
+        for r in range(a.rounds):
+            for ahead in ((True, False) if r % 2 == 0 else (False, True)):
+                name = "thread" if ahead else "training-thread"
+                fps, waiting = decode_ahead_epoch(a.data, a.arch, a.batch_size, a.workers, device.kind, ahead)
+                runs[name].append({"images_per_second": fps, "data_time_fraction": waiting})
+                print("round {} decode on the {:<15} {:8.1f} images/s, {:.1%} waiting for data".format(
+                    r, name, fps, waiting or 0.0), flush=True)
+        mean = {k: sum(x["images_per_second"] for x in v) / len(v) for k, v in runs.items()}
+        result = {"decode_ahead": {"arch": a.arch, "runs": runs, "images_per_second": mean,
+                                   "decoder_seconds": {"one_thread": one, "two_threads_twice_the_work": two},
+                                   "ratio": mean["thread"] / mean["training-thread"]}}
+        print("thread / training thread: {:.2f}".format(result["decode_ahead"]["ratio"]))
     else:
         result = {"loader": loader_bench(a, device), "split": a.split, "images": a.images}
     if a.json:

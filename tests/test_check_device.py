@@ -1,5 +1,6 @@
 """tools/check_device.py, the accelerator battery, run for real on the CPU with --small."""
 import json
+import threading
 
 import pytest
 
@@ -40,19 +41,29 @@ def test_bad_arguments(args, fragment):
     assert_one_line_error(run_tool("check_device.py", ["--small", "--device", "cpu"] + args), fragment)
 
 
-def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path):
+def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path, monkeypatch):
     """fps-shufflenet --small: synthetic, bare loop, and the trainer fed from JPEGs by the default backend
-    and by the other one (the device backend's logic runs on CPU tensors here)."""
+    and by the other one (the device backend's logic runs on CPU tensors here), which decodes in a thread
+    beside the step as on CUDA (forced here) and once more on the training thread."""
+    from trainer import batch_decode
+    from trainer.device import Device
+    monkeypatch.setattr(Device, "decode_ahead", property(lambda self: True))
+    threads = set()
+    real = batch_decode.DeviceDecodeLoader._prepare
+    monkeypatch.setattr(batch_decode.DeviceDecodeLoader, "_prepare",
+                        lambda self, it: threads.add(threading.current_thread().name[:12]) or real(self, it))
     out = tmp_path / "results.json"
-    proc = run_tool("check_device.py", ["--small", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
-                                        "--only", "fps-shufflenet", "--json", str(out)])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rc = check_device.main(["--small", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
+                            "--only", "fps-shufflenet", "--json", str(out)])
     row = json.loads(out.read_text())["checks"][0]
-    assert row["status"] == "PASS" and row["data_backend"] == "cpu"
+    assert rc == 0 and row["status"] == "PASS", row["detail"]
+    assert row["data_backend"] == "cpu"
     assert set(row["jpeg_fps_by_backend"]) == {"cpu", "gpu"}
     assert all(v > 0 for v in row["jpeg_fps_by_backend"].values())
     assert row["jpeg_fps"] == row["jpeg_fps_by_backend"]["cpu"] and row["trainer_fps"] > 0
-    assert "gpu backend" in row["detail"]
+    assert row["jpeg_fps_decode_on_training_thread"] > 0
+    assert "gpu backend" in row["detail"] and "on the training thread" in row["detail"]
+    assert threads == {"decode-ahead", "MainThread"}  # the device backend's runs: one of each
 
 
 def test_backends_check_trains_from_both_data_backends_with_batched_crops_on_cpu(tmp_path, monkeypatch):

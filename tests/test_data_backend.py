@@ -2,6 +2,7 @@
 batch decode + augmentation, run here on CPU tensors (the same code that runs on CUDA / NPU tensors)."""
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -62,6 +63,86 @@ def test_device_backend_is_seeded_alike_for_any_worker_count(photos):
     for x, y in zip(a, b):
         assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
     assert a[0][0].dtype == torch.uint8 and tuple(a[0][0].shape) == (8, 3, 32, 32)
+
+
+
+def _spied_train_loader(root, decode_spy, ahead=True):
+    """The device backend's train loader with its decoder spied on; ``ahead``: decode in a thread, as on CUDA."""
+    train, _, _ = data.build(Cfg(root, "gpu"), CPU, 8, 0, 1, 0, seed=7)
+    assert train.ahead is False  # a CPU decodes on the training thread: a thread beside it splits the same cores
+    train.ahead = ahead
+    train.sampler.set_epoch(1)
+    real = train.decode
+    train.decode = lambda raws: decode_spy(real, raws)
+    return train
+
+
+def _decode_ahead_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("decode-ahead")]
+
+
+def test_device_backend_prepares_the_next_batch_while_the_caller_holds_one(photos):
+    calls, second_started = [], threading.Event()
+
+    def spy(real, raws):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            second_started.set()
+        return real(raws)
+
+    loader = _spied_train_loader(photos, spy)
+    it = iter(loader)
+    first = next(it)
+    # nothing more asked for: batch 2 is decoded anyway, beside the caller
+    assert second_started.wait(30), calls
+    assert all(name.startswith("decode-ahead") for name in calls)
+    rest = list(it)
+    assert len(rest) == len(loader) - 1 == 2
+    expected, _ = batches(photos, "gpu", 0)
+    for got, want in zip([first] + rest, expected):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not _decode_ahead_threads()
+
+
+
+def test_device_backend_on_a_cpu_decodes_on_the_calling_thread(photos):
+    threads = []
+
+    def spy(real, raws):
+        threads.append(threading.get_ident())
+        return real(raws)
+
+    got = list(_spied_train_loader(photos, spy, ahead=False))
+    assert len(got) == 3 and set(threads) == {threading.get_ident()}
+    expected, _ = batches(photos, "gpu", 0)
+    assert all(torch.equal(g[0], w[0]) for g, w in zip(got, expected))
+
+def test_device_backend_stopped_early_leaves_no_data_work_and_starts_again_alike(photos):
+    loader = _spied_train_loader(photos, lambda real, raws: real(raws))
+    for first in loader:
+        break  # a step limit: the batch being prepared is finished, then its thread ends
+    assert not _decode_ahead_threads()
+    again = next(iter(loader))
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    assert not _decode_ahead_threads()
+
+
+class _DecoderFault(Exception):
+    pass
+
+
+def test_device_backend_error_in_the_next_batch_reaches_the_caller_as_raised(photos):
+    def spy(real, raws):
+        if spy.calls == 1:
+            raise _DecoderFault("second batch")
+        spy.calls += 1
+        return real(raws)
+    spy.calls = 0
+    it = iter(_spied_train_loader(photos, spy))
+    assert tuple(next(it)[0].shape) == (8, 3, 32, 32)
+    with pytest.raises(_DecoderFault, match="second batch"):
+        next(it)
+    assert not _decode_ahead_threads()
 
 
 def test_device_backend_crops_like_the_cpu_backend(photos):

@@ -18,7 +18,8 @@ Checks (each PASS or FAIL, printed as a table and written as JSON):
                   photo-like JPEGs (tools/make_dataset.py --photos, hard-linked to enough files; the
                   default --data-backend, with a worker per CPU core), which must reach 90 % (ResNet50)
                   / 70 % (ShuffleNetV2) of the synthetic images/s (no bound with --small); where the
-                  device can decode JPEGs, the other backend is measured too and reported beside it
+                  device can decode JPEGs, the other backend is measured too and reported beside it, and
+                  where the device backend decodes in a thread beside the step (CUDA), also without it
   backends        train-fp32's run once per data backend (cpu, and the device's JPEG decoder), same seed:
                   both train, their Acc@1 differ by at most 15 points, and each model validated through
                   the other backend scores within 3 points of its own; on a CPU the device backend's
@@ -50,6 +51,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from trainer import cli  # noqa: E402
+from trainer.device_names import DEVICE_DECODE, HOST_DECODE  # noqa: E402
 from trainer.errors import UsageError  # noqa: E402
 
 CHECKS = ("contract", "train-fp32", "train-amp", "train-fp16", "guard", "fps-resnet50", "fps-shufflenet",
@@ -235,13 +237,19 @@ class Battery:
             detail += "; {} backend {:.0f} img/s = {:.2f}{}".format(
                 other, by_backend[other], by_backend[other] / trainer if trainer else 0.0,
                 " (faster than the default)" if by_backend[other] > jpeg else "")
+        extra = {}
+        if DEVICE_DECODE in by_backend and self.device.decode_ahead:  # what the decode thread gives, same run
+            extra["jpeg_fps_decode_on_training_thread"], _ = self._trainer_fps(
+                name + "-jpeg-" + DEVICE_DECODE + "-inline", arch, batch, size, steps, warm, data=data,
+                backend=DEVICE_DECODE, decode_ahead=False)
+            detail += "; {} backend decoding on the training thread {:.0f} img/s".format(
+                DEVICE_DECODE, extra["jpeg_fps_decode_on_training_thread"])
         self.record(name, ratio >= self.sizes.fps_pass and fed >= need, detail,
                     arch=arch, batch=batch, image_size=size, trainer_fps=trainer, bare_fps=[bare1, bare2], ratio=ratio,
-                    jpeg_fps=jpeg, jpeg_ratio=fed, data_backend=backend, jpeg_fps_by_backend=by_backend)
+                    jpeg_fps=jpeg, jpeg_ratio=fed, data_backend=backend, jpeg_fps_by_backend=by_backend, **extra)
 
     def other_data_backend(self, backend):
         """The data backend the default did not pick, where this device can run it; else None."""
-        from trainer.device_names import DEVICE_DECODE, HOST_DECODE
         if backend == DEVICE_DECODE:
             return HOST_DECODE
         return DEVICE_DECODE if backend == HOST_DECODE and self.device.jpeg_decoder() is not None else None
@@ -274,21 +282,21 @@ class Battery:
         self._jpeg = (root, src, files, made)
         return root
 
-    def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None):
+    def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None, decode_ahead=None):
         """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``
-        (``backend``: a --data-backend; default: the trainer's)."""
+        (``backend``: a --data-backend; default: the trainer's; ``decode_ahead``: see train_in_process)."""
         source = ["--dummy"] if data is None else [data, "-j", str(min(32, os.cpu_count() or 1))]
         if backend is not None:
             source += ["--data-backend", backend]
         _, s, _ = train_in_process(os.path.join(self.work, name), source + [
             "-a", arch, "-b", str(batch), "--amp", "--channels-last", "--device", self.device.kind, "--epochs", "1",
             "--max-steps-per-epoch", str(steps + warm), "--fps-warmup-steps", str(warm), "--no-validate",
-            "--train-crop-size", str(size), "--seed", "0", "-p", str(steps + warm)], batched=False)
+            "--train-crop-size", str(size), "--seed", "0", "-p", str(steps + warm)], batched=False,
+            decode_ahead=decode_ahead)
         fps = s.get("train_fps") or 0.0
         return fps if data is None else (fps, s.get("data_backend"))
 
     def check_backends(self):
-        from trainer.device_names import DEVICE_DECODE, HOST_DECODE
         if self.device.jpeg_decoder() is None:
             self.record("backends", True, "{} has no JPEG decoder: only the cpu backend runs here".format(
                 self.device.kind))
@@ -367,30 +375,40 @@ class Battery:
 
 
 @contextlib.contextmanager
-def batched_crops():
-    """The device data backend crops with its batched roi_align on every device, a CPU included (where it
-    otherwise crops image by image with torch's uint8 resize): what an accelerator runs."""
+def device_properties(**values):
+    """``Device``'s named properties answer ``values`` inside the block, on every device."""
     from trainer.device import Device
-    saved = Device.crops_per_image
-    Device.crops_per_image = property(lambda self: False)
+    saved = {name: Device.__dict__[name] for name in values}
+    for name, value in values.items():
+        setattr(Device, name, property(lambda self, value=value: value))
     try:
         yield
     finally:
-        Device.crops_per_image = saved
+        for name, prop in saved.items():
+            setattr(Device, name, prop)
 
 
-def train_in_process(out, args, batched=True):
+def batched_crops():
+    """The device data backend crops with its batched roi_align on every device, a CPU included (where it
+    otherwise crops image by image with torch's uint8 resize): what an accelerator runs."""
+    return device_properties(crops_per_image=False)
+
+
+def train_in_process(out, args, batched=True, decode_ahead=None):
     """main.py ``args`` run in this process (output in ``out``, its log in ``out``.log); on a CPU with the
     device backend's batched crops (``batched_crops``; what accelerators run anyway) unless ``batched`` is
-    False. Returns (exit code,
-    summary dict (the evaluation's with -e), epoch losses)."""
+    False; ``decode_ahead`` True or False overrides ``Device.decode_ahead``. Returns (exit code, summary
+    dict (the evaluation's with -e), epoch losses)."""
     from trainer import summary
     from trainer import run
     from trainer.config import parse_config
     cfg, _ = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
     cfg = run.preflight(cfg)
     with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        with batched_crops() if batched else contextlib.nullcontext():
+        props = {} if decode_ahead is None else {"decode_ahead": decode_ahead}
+        if batched:
+            props["crops_per_image"] = False
+        with device_properties(**props):
             code = run.worker(cfg)
     with open(out + ".log") as f:
         text = f.read()

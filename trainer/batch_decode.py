@@ -8,14 +8,19 @@ with the device's decoder (``Device.jpeg_decoder``: nvJPEG through torchvision.i
 DVPP through torchvision_npu on NPU, libjpeg on the CPU), then crops, resizes and flips the whole batch in
 a few device calls (``resized_crops``: torchvision's ``roi_align``; image by image with antialiased
 ``interpolate`` where the device has no roi_align), uint8 until the normaliser. Validation: the region
-that ``Resize`` then ``CenterCrop`` keep, resized the same way. On CUDA all of it runs on a stream of its
-own (``Device.data_stream``), overlapping the training step already queued.
+that ``Resize`` then ``CenterCrop`` keep, resized the same way. On CUDA (``Device.decode_ahead``) a thread
+of its own prepares each batch while the training step of the one before runs (the decode and crop calls
+release the GIL, and the host waits for the decoder there, not in the training loop); its device work
+runs on a stream of its own (``Device.data_work``), which the training stream waits for only when it
+takes the batch.
 
 Files the device decoder cannot take (not a JPEG, e.g. a PNG named .JPEG; CMYK or other colour modes) are
 decoded by the worker with the CPU backend's transform, same crop, and counted (``fallbacks``). A file whose
 header cannot be read stops the run naming it, as on the CPU backend; one whose data the device decoder
 rejects is decoded on the CPU, which names it if it is corrupt.
 """
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.nn.functional as F
 
@@ -100,22 +105,43 @@ class DeviceDecodeLoader:
         # device resizes uint8 images faster than one batched roi_align (a CPU)
         self._per_image_uint8 = device.crops_per_image and uint8_antialias_resize()
         self._batched = False if self._per_image_uint8 else None
+        self.ahead = device.decode_ahead  # prepare the next batch in a thread beside the caller
 
     def __len__(self):
         return len(self.loader)
 
     def __iter__(self):
-        for batch in self.loader:
-            (buf, lengths), boxes, flips, fallback, target, paths = batch[:6]
-            raw = list(torch.split(buf, lengths.tolist()))  # views, one per image
-            images = self.decode_batch(raw, boxes, flips, fallback, paths)
-            yield (images, target) if len(batch) == 6 else (images, target, batch[6])
+        """Batches in the loader's order. With ``ahead``, batch k+1 is read, decoded and cropped by a thread
+        of its own while the caller works with batch k; an error there is raised here, as it was raised there,
+        and closing the iteration early (a step limit, an error in the caller) waits for the batch in
+        preparation, so no data work outlives it."""
+        batches = iter(self.loader)
+        if not self.ahead:
+            for item, handoff in iter(lambda: self._prepare(batches), None):
+                handoff.receive()
+                yield item
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="decode-ahead", initializer=self.device.bind_thread) as ahead:
+            job = ahead.submit(self._prepare, batches)
+            while True:
+                ready = job.result()
+                if ready is None:
+                    return
+                job = ahead.submit(self._prepare, batches)
+                item, handoff = ready
+                handoff.receive()
+                yield item
 
-    def decode_batch(self, raw, boxes, flips, fallback, paths):
-        with self.device.data_stream() as handoff:
-            out = self._decode_batch(raw, boxes, flips, fallback, paths)
-            handoff(out)
-        return out
+    def _prepare(self, batches):
+        """The next batch decoded and cropped, with its ``Handoff``; None at the end."""
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        (buf, lengths), boxes, flips, fallback, target, paths = batch[:6]
+        raw = list(torch.split(buf, lengths.tolist()))  # views, one per image
+        with torch.no_grad(), self.device.data_work() as handoff:
+            images = handoff(self._decode_batch(raw, boxes, flips, fallback, paths))
+        return ((images, target) if len(batch) == 6 else (images, target, batch[6])), handoff
 
     def _decode_batch(self, raw, boxes, flips, fallback, paths):
         n, s = len(raw), self.size

@@ -12,6 +12,7 @@ import inspect
 import platform
 import re
 import sys
+import threading
 
 import torch
 
@@ -314,6 +315,34 @@ def _probe_fused_sgd(device):
 # ---------------------------------------------------------------- the device
 
 
+class Handoff:
+    """Results of ``Device.data_work`` on its stream, on their way to the training stream (CUDA); a no-op
+    elsewhere, where data work runs on the training stream itself."""
+
+    def __init__(self, stream=None):
+        self._stream, self._tensors, self._event = stream, [], None
+
+    def __call__(self, tensor):
+        if self._stream is not None:
+            self._tensors.append(tensor)
+        return tensor
+
+    def seal(self):
+        """The work queued on the data stream so far is what ``receive`` waits for."""
+        self._event = torch.cuda.Event()
+        self._event.record(self._stream)
+
+    def receive(self):
+        """The calling thread's current stream waits for the work and owns the results' memory from here."""
+        if self._event is None:
+            return
+        cur = torch.cuda.current_stream(self._stream.device)
+        cur.wait_event(self._event)
+        for t in self._tensors:
+            t.record_stream(cur)
+        self._tensors, self._event = [], None
+
+
 class Device:
     """One process's device. Build it with ``Device.create`` before any tensor work."""
 
@@ -322,8 +351,8 @@ class Device:
         self.index = index if kind != "cpu" else None
         self.torch_device = torch.device(kind if self.index is None else "{}:{}".format(kind, self.index))
         self._jpeg = None  # the JPEG decoder, once looked up (False: none)
-        self._data_stream = None  # the data backend's CUDA stream (data_stream)
-        self._in_data_stream = False
+        self._data_stream = None  # the data backend's CUDA stream (data_work)
+        self._data_thread = threading.local()  # .active: inside data_work on this thread
 
     def __repr__(self):
         return "Device({})".format(self.name)
@@ -557,31 +586,53 @@ class Device:
         torchvision_npu has not been measured. ``--data-backend gpu`` asks for it."""
         return False
 
+    @property
+    def decode_ahead(self):
+        """Whether the device backend prepares the next batch in a thread of its own beside the training step:
+        on CUDA, where the host would otherwise wait for nvJPEG between steps. Not on a CPU, where that thread
+        splits the same cores with the step (ShuffleNetV2 x0.5, 2 cores: 0.83x the images/s;
+        docs/BENCHMARKS.md), nor on NPU, where DVPP beside a training thread has not been tried."""
+        return self.kind == "cuda"
+
+    def bind_thread(self):
+        """Make this device the current one of a thread other than the one that created it (the current device
+        is per thread; a new thread starts on device 0). For threads that issue data work (``data_work``)."""
+        if self.kind == "cuda":
+            torch.cuda.set_device(self.index)
+        elif self.kind == "npu":
+            npu_module().npu.set_device(self.name)
+
     @contextlib.contextmanager
-    def data_stream(self):
-        """``with device.data_stream() as handoff:`` the data backend's device work runs on a stream of its own
-        (CUDA), so that it overlaps the training step queued before it; ``handoff(t)`` for each result makes
-        the training stream wait for that work and keeps ``t``'s memory until the training stream is done
-        with it. The stream is drained first, so memory freed by the previous batch's work is idle when the
+    def data_work(self):
+        """``with device.data_work() as handoff:`` the data backend's device work runs on a stream of its own
+        (CUDA), so that it overlaps the training step; ``handoff(t)`` registers each result. After the block,
+        ``handoff.receive()``, called by the thread that trains with the results (this one or another), makes
+        the training stream wait for that work and keeps the results' memory until the training stream is done
+        with them. The stream is drained first, so memory freed by the previous batch's work is idle when the
         decoder (which writes from a stream of its own) is handed it. Nested calls share the outer one.
-        Elsewhere the work runs on the current stream."""
-        if self.kind != "cuda" or self._in_data_stream:
-            yield lambda t: t
+        Elsewhere the work runs on the current stream and ``receive`` does nothing."""
+        if self.kind != "cuda" or getattr(self._data_thread, "active", False):
+            yield Handoff()
             return
         if self._data_stream is None:
             self._data_stream = torch.cuda.Stream(self.torch_device)
-        side, cur = self._data_stream, torch.cuda.current_stream(self.torch_device)
-        handed = []
+        side = self._data_stream
+        handoff = Handoff(side)
         side.synchronize()
-        self._in_data_stream = True
+        self._data_thread.active = True
         try:
             with torch.cuda.stream(side):
-                yield handed.append
+                yield handoff
         finally:
-            self._in_data_stream = False
-        cur.wait_stream(side)
-        for t in handed:
-            t.record_stream(cur)
+            self._data_thread.active = False
+        handoff.seal()
+
+    @contextlib.contextmanager
+    def data_stream(self):
+        """``data_work`` whose results this thread trains with: received as soon as the block ends."""
+        with self.data_work() as handoff:
+            yield handoff
+        handoff.receive()
 
     def jpeg_decoder_missing(self):
         if self.kind == "npu":
@@ -623,7 +674,7 @@ class Device:
                 # torchvision's CUDA decoder allocates its outputs on the current stream but writes them from a
                 # private stream that does not wait for the current one, so it can be handed (and overwrite)
                 # memory that kernels queued on the current stream still read: a training step's activations,
-                # which then turn to NaN. So it runs only inside ``data_stream``: a stream of its own, drained
+                # which then turn to NaN. So it runs only inside ``data_work``: a stream of its own, drained
                 # before each batch, whose results the training stream waits for and marks as its own.
                 with self.data_stream() as handoff:
                     out = tio.decode_jpeg(raws, mode=rgb, device=dev) if batched else \
