@@ -17,6 +17,19 @@ from tools.make_dataset import generate  # noqa: E402
 
 PY = sys.executable
 
+# Threads for each test's torch work and its children's (OMP_NUM_THREADS): 2, or under pytest-xdist this
+# process's share of the cores, so that the test processes' OpenMP threads do not outnumber the cores
+# (spinning threads on a shared core cost the suite a third of its time).
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _XDIST_WORKERS > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    THREADS = str(max(1, _cores // _XDIST_WORKERS))
+    os.environ["OMP_NUM_THREADS"] = THREADS
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(THREADS))
+else:
+    THREADS = "2"
+
 
 def dataset(tmp_path_factory, name, classes, train, val, seed, **kw):
     """A generated data set of 32x32 images in a fresh temporary folder ``name`` (tools/make_dataset.py)."""
@@ -45,7 +58,7 @@ SMALL = ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size"
 def run_main(args, env=None, timeout=600, cwd=ROOT):
     """Run main.py in a fresh process; returns CompletedProcess (text)."""
     e = dict(os.environ)
-    e.setdefault("OMP_NUM_THREADS", "2")
+    e.setdefault("OMP_NUM_THREADS", THREADS)
     e["PYTHONUNBUFFERED"] = "1"
     if env:
         e.update(env)
@@ -90,7 +103,7 @@ def assert_call_error(main_fn, argv, capsys, *fragments):
 
 def run_tool(name, args, env=None, timeout=300):
     """tools/<name> in a fresh process (CompletedProcess, text)."""
-    e = dict(os.environ, OMP_NUM_THREADS="2")
+    e = dict(os.environ, OMP_NUM_THREADS=THREADS)
     e.update(env or {})
     return subprocess.run([PY, os.path.join(ROOT, "tools", name)] + list(args), cwd=ROOT, env=e,
                           capture_output=True, text=True, timeout=timeout)
@@ -134,8 +147,8 @@ def finish(proc, timeout=120):
 
 
 def child_env(**extra):
-    """The environment for a child started with Popen: unbuffered, 2 threads, stacks dumped on SIGABRT."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2", PYTHONFAULTHANDLER="1", **extra)
+    """The environment for a child started with Popen: unbuffered, THREADS threads, stacks dumped on SIGABRT."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=THREADS, PYTHONFAULTHANDLER="1", **extra)
 
 
 def gone(pid, within=0.0):

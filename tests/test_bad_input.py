@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import main as entry
-from conftest import PY, ROOT, SMALL, assert_call_error, assert_one_line_error, run_main
+from conftest import PY, ROOT, SMALL, THREADS, assert_call_error, assert_one_line_error, run_main
 
 
 def check(argv, capsys, *fragments):
@@ -189,7 +189,7 @@ MAIN_PY = os.path.join(ROOT, "main.py")
 
 def _imports(target, args):
     proc = subprocess.run([PY, "-c", _IMPORT_PROBE, target] + args, cwd=ROOT, capture_output=True,
-                          text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="2"))
+                          text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS=THREADS))
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import PY, ROOT, SMALL, assert_one_line_error, read_summary, run_main, run_tool
+from conftest import PY, ROOT, SMALL, THREADS, assert_one_line_error, read_summary, run_main, run_tool
 from trainer.observe import METRICS, read_records
 
 pytestmark = pytest.mark.timeout(240)
@@ -87,7 +87,7 @@ def test_examples_lines_unchanged_when_piped(resumed):
 
 def test_progress_bar_on_a_terminal(shapes, tmp_path):
     master, slave = pty.openpty()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2", COLUMNS="120")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=THREADS, COLUMNS="120")
     p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), shapes, "--output-dir", str(tmp_path), "--epochs", "1",
                           "--max-steps-per-epoch", "6"] + RUN, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
     os.close(slave)
