@@ -7,7 +7,7 @@
     python3 bench/data_pipeline.py DATA --epoch-vs-examples [--arch shufflenet_v2_x0_5] [--batch-size 64]
                                    [--workers N] [--synthetic] [--json FILE]
     python3 bench/data_pipeline.py DATA --decode-ahead [--arch ...] [--batch-size 64] [--workers N]
-                                   [--rounds 2] [--device auto] [--json FILE]
+                                   [--rounds 2] [--device auto] [--amp] [--steps N] [--json FILE]
 
 Loader mode: each backend delivers --images images as normalised float batches on the device, the way
 training consumes them, and is timed from its first to its last batch (the first batch, with worker
@@ -35,7 +35,9 @@ the loop on one batch made once), which splits each one's time per image into th
 
 --decode-ahead: one training epoch of main.py with --data-backend gpu, in this process, with the next batch
 prepared in a thread beside the training step (what CUDA does) and on the training thread (what the other
-devices do), alternating, --rounds times; images/s and the fraction of time spent waiting for data. First,
+devices do), alternating, --rounds times (--amp: with --amp --channels-last, as make check-device's FPS
+checks train; --steps N: at most N steps of each epoch); images/s and the fraction of time spent waiting
+for data. First,
 whether the device's JPEG decoder lets two threads run at once: a batch of the files decoded by one
 thread, then by two threads each decoding it (about the same time for twice the work: it releases the
 interpreter lock, so the thread can overlap the step; twice the time: it does not).
@@ -250,14 +252,18 @@ def decoder_threads(root, device, batch, rounds=3):
     return one, two
 
 
-def decode_ahead_epoch(root, arch, batch, workers, device_kind, ahead):
+def decode_ahead_epoch(root, arch, batch, workers, device_kind, ahead, amp=False, steps=None):
     """(images/s, data-time fraction) of one main.py epoch with the device backend, its next batch prepared
-    in a thread (``ahead``) or on the training thread."""
+    in a thread (``ahead``) or on the training thread; ``amp``: with --amp --channels-last; ``steps``: at
+    most that many steps."""
     from tools.check_device import train_in_process
     out = tempfile.mkdtemp(prefix="bench-ahead-")
+    extra = ["--amp", "--channels-last"] if amp else []
+    if steps is not None:
+        extra += ["--max-steps-per-epoch", str(steps)]
     code, s, _ = train_in_process(os.path.join(out, "run"), [
         root, "-a", arch, "--epochs", "1", "-b", str(batch), "-j", str(workers), "--no-validate", "--device",
-        device_kind, "--data-backend", "gpu", "-p", "1000", "--fps-warmup-steps", "5", "--seed", "0"],
+        device_kind, "--data-backend", "gpu", "-p", "1000", "--fps-warmup-steps", "5", "--seed", "0"] + extra,
         batched=False, decode_ahead=ahead)
     if code != 0 or s.get("status") != "ok":
         raise SystemExit("main.py failed: see {}".format(os.path.join(out, "run.log")))
@@ -280,8 +286,14 @@ def main(argv=None):
                    help="with --epoch-vs-examples: also both loops on synthetic data (the model's cost alone)")
     p.add_argument("--decode-ahead", action="store_true",
                    help="main.py epochs with --data-backend gpu, the next batch decoded beside the step or not")
+    p.add_argument("--amp", action="store_true", help="with --decode-ahead: train with --amp --channels-last")
+    p.add_argument("--steps", type=int, default=None, help="with --decode-ahead: at most N steps per epoch")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if (a.amp or a.steps is not None) and not a.decode_ahead:
+        p.error("--amp and --steps go with --decode-ahead")
+    if a.steps is not None and a.steps < 1:
+        p.error("--steps must be at least 1")
     if not (a.epoch_vs_examples or a.decode_ahead):
         # The loader's consumer (normalisation) runs in this process with one thread, as DataLoader workers
         # do: OpenMP threads spinning here would otherwise be counted as the pipeline's CPU time.
@@ -322,7 +334,8 @@ def main(argv=None):
         for r in range(a.rounds):
             for ahead in ((True, False) if r % 2 == 0 else (False, True)):
                 name = "thread" if ahead else "training-thread"
-                fps, waiting = decode_ahead_epoch(a.data, a.arch, a.batch_size, a.workers, device.kind, ahead)
+                fps, waiting = decode_ahead_epoch(a.data, a.arch, a.batch_size, a.workers, device.kind, ahead,
+                                                  a.amp, a.steps)
                 runs[name].append({"images_per_second": fps, "data_time_fraction": waiting})
                 print("round {} decode on the {:<15} {:8.1f} images/s, {:.1%} waiting for data".format(
                     r, name, fps, waiting or 0.0), flush=True)
