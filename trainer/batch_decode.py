@@ -9,8 +9,8 @@ DVPP through torchvision_npu on NPU, libjpeg on the CPU), then crops, resizes an
 a few device calls (``resized_crops``: torchvision's ``roi_align``; image by image with antialiased
 ``interpolate`` where the device has no roi_align), uint8 until the normaliser. Validation: the region
 that ``Resize`` then ``CenterCrop`` keep, resized the same way. On CUDA (``Device.decode_ahead``) a thread
-of its own prepares each batch while the training step of the one before runs (the decode and crop calls
-release the GIL, and the host waits for the decoder there, not in the training loop); its device work
+of its own prepares each batch while the training step of the one before runs (the decode call releases
+the GIL, measured for the CPU decoder, so the host waits for it there, not in the training loop); its device work
 runs on a stream of its own (``Device.data_work``), which the training stream waits for only when it
 takes the batch.
 
@@ -113,8 +113,8 @@ class DeviceDecodeLoader:
     def __iter__(self):
         """Batches in the loader's order. With ``ahead``, batch k+1 is read, decoded and cropped by a thread
         of its own while the caller works with batch k; an error there is raised here, as it was raised there,
-        and closing the iteration early (a step limit, an error in the caller) waits for the batch in
-        preparation, so no data work outlives it."""
+        and closing the iteration before its end (a step limit; the caller dropping its iterator) waits for the
+        batch in preparation, so no data work outlives it."""
         batches = iter(self.loader)
         if not self.ahead:
             for item, handoff in iter(lambda: self._prepare(batches), None):
