@@ -8,6 +8,7 @@
                                    [--workers N] [--synthetic] [--json FILE]
     python3 bench/data_pipeline.py DATA --decode-ahead [--arch ...] [--batch-size 64] [--workers N]
                                    [--rounds 2] [--device auto] [--amp] [--steps N] [--json FILE]
+    python3 bench/data_pipeline.py DATA --host-memory [--arch ...] [--batch-size 64] [--workers N] [--rounds 2]
 
 Loader mode: each backend delivers --images images as normalised float batches on the device, the way
 training consumes them, and is timed from its first to its last batch (the first batch, with worker
@@ -32,6 +33,11 @@ does what pytorch/examples' imagenet/main.py does per step (its transforms in th
 copied, forward, loss, accuracy, loss.item(), backward, SGD), same model, batch, workers and float32;
 images/s of each and their ratio. --synthetic adds both loops on synthetic data (the trainer's --dummy,
 the loop on one batch made once), which splits each one's time per image into the model's and the data's.
+
+--host-memory: one training epoch of main.py from the JPEGs with the trainer's host-memory setting on a CPU
+(glibc keeps freed blocks for the next step: trainer/device.py keep_host_memory) and with glibc's own
+behaviour (MALLOC_PERTURB_=0 in the environment, which changes nothing in glibc but leaves the choice to
+the user), alternating, --rounds times; images/s and the process's peak resident memory.
 
 --decode-ahead: one training epoch of main.py with --data-backend gpu, in this process, with the next batch
 prepared in a thread beside the training step (what CUDA does) and on the training thread (what the other
@@ -206,8 +212,9 @@ def examples_epoch(root, arch, batch, workers, device, synthetic=False):
     return n / (time.perf_counter() - t0)
 
 
-def trainer_epoch(root, arch, batch, workers, device_kind, synthetic=False):
-    """main.py's images/s over one epoch from the JPEGs; with ``synthetic``, as many steps of --dummy."""
+def trainer_epoch(root, arch, batch, workers, device_kind, synthetic=False, env=None, peak=None):
+    """main.py's images/s over one epoch from the JPEGs; with ``synthetic``, as many steps of --dummy. ``env``:
+    variables added to main.py's environment; ``peak``: a list that gets main.py's peak resident MiB."""
     out = tempfile.mkdtemp(prefix="bench-epoch-")
     source = [root]
     if synthetic:
@@ -216,9 +223,15 @@ def trainer_epoch(root, arch, batch, workers, device_kind, synthetic=False):
     cmd = [sys.executable, os.path.join(ROOT, "main.py")] + source + ["-a", arch, "--epochs", "1", "-b", str(batch),
            "-j", str(workers), "--no-validate", "--device", device_kind, "--output-dir", out, "--progress", "lines",
            "--no-tensorboard", "-p", "1000", "--fps-warmup-steps", "5", "--seed", "0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit("main.py failed: " + proc.stderr[-2000:])
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, **(env or {})))
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak resident memory
+        proc.returncode = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit("main.py failed: " + err.read()[-2000:])
+    if peak is not None:
+        peak.append(usage.ru_maxrss / 1024.0)  # KiB on Linux
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)["train_fps"]
 
@@ -284,6 +297,8 @@ def main(argv=None):
     p.add_argument("--arch", default="shufflenet_v2_x0_5")
     p.add_argument("--synthetic", action="store_true",
                    help="with --epoch-vs-examples: also both loops on synthetic data (the model's cost alone)")
+    p.add_argument("--host-memory", action="store_true",
+                   help="main.py epochs with the trainer's host-memory setting and with glibc's own, alternating")
     p.add_argument("--decode-ahead", action="store_true",
                    help="main.py epochs with --data-backend gpu, the next batch decoded beside the step or not")
     p.add_argument("--amp", action="store_true", help="with --decode-ahead: train with --amp --channels-last")
@@ -294,7 +309,11 @@ def main(argv=None):
         p.error("--amp and --steps go with --decode-ahead")
     if a.steps is not None and a.steps < 1:
         p.error("--steps must be at least 1")
-    if not (a.epoch_vs_examples or a.decode_ahead):
+    if sum((a.epoch_vs_examples, a.decode_ahead, a.host_memory)) > 1:
+        p.error("choose one of --epoch-vs-examples, --decode-ahead and --host-memory")
+    if a.host_memory and (os.environ.get("LD_PRELOAD") or any(k.startswith("MALLOC_") for k in os.environ)):
+        p.error("--host-memory compares the trainer's setting with glibc's own: unset LD_PRELOAD and MALLOC_*")
+    if not (a.epoch_vs_examples or a.decode_ahead or a.host_memory):
         # The loader's consumer (normalisation) runs in this process with one thread, as DataLoader workers
         # do: OpenMP threads spinning here would otherwise be counted as the pipeline's CPU time.
         torch.set_num_threads(1)
@@ -326,6 +345,20 @@ def main(argv=None):
             for k in ("examples", "trainer"):
                 print("{:<9} {:6.2f} ms per image: model {:6.2f} + data {:5.2f}".format(
                     k, ms[k], ms[k + "-synthetic"], data_ms[k]))
+    elif a.host_memory:
+        runs = {"kept": [], "glibc": []}
+        for r in range(a.rounds):
+            for name in (("kept", "glibc") if r % 2 == 0 else ("glibc", "kept")):
+                peak = []
+                fps = trainer_epoch(a.data, a.arch, a.batch_size, a.workers, device.kind,
+                                    env={"MALLOC_PERTURB_": "0"} if name == "glibc" else None, peak=peak)
+                runs[name].append({"images_per_second": fps, "peak_mib": peak[0]})
+                print("round {} host memory {:<6} {:8.1f} images/s, peak {:7.0f} MiB".format(r, name, fps, peak[0]),
+                      flush=True)
+        mean = {k: sum(x["images_per_second"] for x in v) / len(v) for k, v in runs.items()}
+        result = {"host_memory": {"arch": a.arch, "runs": runs, "images_per_second": mean,
+                                  "ratio": mean["kept"] / mean["glibc"]}}
+        print("kept / glibc: {:.2f}".format(result["host_memory"]["ratio"]))
     elif a.decode_ahead:
         one, two = decoder_threads(a.data, device, a.batch_size)
         print("decoder: one thread {:.3f} s per batch, two threads a batch each {:.3f} s ({:.2f}x the time "

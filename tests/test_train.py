@@ -112,6 +112,8 @@ def test_dummy_data_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = read_summary(tmp_path)
     assert s["val_images"] == 50000 and s["data_layout"] == "synthetic" and s["train_fps"] > 0
+    # the run's process set up its host memory (what it chose depends on this environment's MALLOC_*)
+    assert s["host_memory"].startswith(("kept", "user's", "system allocator")), s["host_memory"]
 
 
 def test_refuses_to_overwrite_an_existing_run(full_run, learnable):

@@ -4,6 +4,7 @@ import argparse
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -295,3 +296,56 @@ def test_default_workers_follow_the_cores_and_the_processes():
     assert default_workers("cpu", 1, cpus=64) == 4
     assert default_workers("cpu", 4, cpus=2) == 1
 
+
+
+_HEAP_PROBE = r"""
+import ctypes, json, sys
+import torch
+from trainer import device as devmod
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+what = devmod.keep_host_memory(sys.argv[1], json.loads(sys.argv[2]))
+again = devmod.keep_host_memory("cpu", {})
+t = torch.ones(16 * 2 ** 20)  # 64 MiB, twice glibc's largest mmap threshold
+during = libc.mallinfo2()
+del t
+after = libc.mallinfo2()
+print(json.dumps({"what": what, "again": again, "mmapped_during": during.hblkhd, "heap_after": after.arena}))
+"""
+
+
+def _heap_probe(kind, environ):
+    import ctypes
+    import json
+    libc = ctypes.CDLL(None)
+    if not (hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallinfo2")):
+        pytest.skip("needs glibc >= 2.33 (mallinfo2)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _HEAP_PROBE, kind, json.dumps(environ)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(150)
+def test_cpu_run_keeps_large_blocks_in_the_heap_between_steps():
+    r = _heap_probe("cpu", {})
+    assert r["what"].startswith("kept") and r["again"] == r["what"]  # the first call decides
+    assert r["mmapped_during"] < 2 ** 26  # the 64 MiB tensor came from the heap, not from mmap
+    assert r["heap_after"] >= 2 ** 26  # and freeing it did not hand the pages back to the OS
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind,environ,expect", [
+    ("cuda", {}, "system allocator"),
+    ("cpu", {"MALLOC_TRIM_THRESHOLD_": "131072"}, "user's glibc settings (MALLOC_TRIM_THRESHOLD_)"),
+    ("cpu", {"LD_PRELOAD": "libjemalloc.so.2"}, "user's allocator"),
+])
+def test_host_memory_left_alone_off_cpu_or_when_the_user_chose(kind, environ, expect):
+    r = _heap_probe(kind, environ)
+    assert r["what"].startswith(expect)
+    assert r["mmapped_during"] >= 2 ** 26  # glibc's default: a block this large is mmapped

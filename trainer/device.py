@@ -9,6 +9,7 @@ here with a fallback, so the rest of the trainer runs on torch 1.11 as on torch 
 """
 import contextlib
 import inspect
+import os
 import platform
 import re
 import sys
@@ -221,6 +222,46 @@ def _cpuinfo_flags(path="/proc/cpuinfo"):
     except OSError:
         pass
     return set()
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_HOST_MEMORY = []  # what keep_host_memory decided, once per process
+
+
+def keep_host_memory(kind, environ=None):
+    """On a CPU run, make glibc's malloc keep freed memory for the next step instead of returning it.
+
+    A training step frees and allocates the same large activations every step. glibc serves blocks over
+    32 MiB (and, by default, anything its trim threshold lets go) straight from the OS, so each step
+    page-faults its activations in again: on a 2-core AVX2 machine that was a third of a ShuffleNetV2 x0.5
+    step (docs/BENCHMARKS.md, "Host memory"). ``mallopt(M_MMAP_MAX, 0)`` and an unlimited
+    ``M_TRIM_THRESHOLD`` keep the heap at its peak instead: the process's memory does not shrink after
+    its largest step. Left alone where the user chose an allocator (``LD_PRELOAD``) or glibc settings
+    (any ``MALLOC_*`` variable: ``MALLOC_TRIM_THRESHOLD_=131072`` restores glibc's default), on devices
+    whose tensors are not in host memory, and where the C library is not glibc. Returns a short
+    description (summary.json's ``host_memory``); the first call decides for the process."""
+    if _HOST_MEMORY:
+        return _HOST_MEMORY[0]
+    env = os.environ if environ is None else environ
+    if kind != "cpu":
+        what = "system allocator (tensors on {})".format(kind)
+    elif env.get("LD_PRELOAD", "").strip():
+        what = "user's allocator (LD_PRELOAD)"
+    elif any(k.startswith("MALLOC_") for k in env):
+        what = "user's glibc settings ({})".format(",".join(sorted(k for k in env if k.startswith("MALLOC_"))))
+    else:
+        what = "system allocator (not glibc)"
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None)
+            if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
+                ok = libc.mallopt(_M_MMAP_MAX, 0) == 1
+                ok = libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(2 ** 31 - 1)) == 1 and ok
+                what = "kept between steps (glibc: no mmap, no trim)" if ok else "system allocator (mallopt refused)"
+        except (OSError, AttributeError):
+            pass
+    _HOST_MEMORY.append(what)
+    return what
 
 
 def cpu_native_bf16():

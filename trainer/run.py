@@ -101,6 +101,7 @@ def worker(cfg):
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
         device = Device.create(cfg.device, distributed.device_index(cfg))
+        host_memory = devmod.keep_host_memory(device.kind)
         dist = distributed.init(cfg, device)
     except UsageError as exc:
         return cli.report(exc)
@@ -111,6 +112,7 @@ def worker(cfg):
             os.makedirs(cfg.output_dir, exist_ok=True)
             name = summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY
             rs = summary.RunSummary(cfg, os.path.join(cfg.output_dir, name))
+            rs.update(host_memory=host_memory)
         job = build(cfg, device, dist, log, rs)
         return evaluate(job) if cfg.evaluate else train(job)
     except KeyboardInterrupt:
