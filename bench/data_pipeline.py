@@ -226,7 +226,7 @@ def trainer_epoch(root, arch, batch, workers, device_kind, synthetic=False, env=
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, **(env or {})))
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage: its peak resident memory
-        proc.returncode = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+        proc.returncode = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1  # reaped here, not by Popen
         if proc.returncode != 0:
             err.seek(0)
             raise SystemExit("main.py failed: " + err.read()[-2000:])

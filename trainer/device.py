@@ -237,7 +237,8 @@ def keep_host_memory(kind, environ=None):
     step (docs/BENCHMARKS.md, "Host memory"). ``mallopt(M_MMAP_MAX, 0)`` and an unlimited
     ``M_TRIM_THRESHOLD`` keep the heap at its peak instead: the process's memory does not shrink after
     its largest step. Left alone where the user chose an allocator (``LD_PRELOAD``) or glibc settings
-    (any ``MALLOC_*`` variable: ``MALLOC_TRIM_THRESHOLD_=131072`` restores glibc's default), on devices
+    (any ``MALLOC_*`` variable: ``MALLOC_PERTURB_=0`` changes nothing in glibc and so keeps its default;
+    setting a threshold such as ``MALLOC_TRIM_THRESHOLD_`` also turns off glibc's dynamic mmap threshold), on devices
     whose tensors are not in host memory, and where the C library is not glibc. Returns a short
     description (summary.json's ``host_memory``); the first call decides for the process."""
     if _HOST_MEMORY:
