@@ -316,6 +316,46 @@ def test_fallback_files_are_counted_and_a_corrupt_file_stops_the_run(tmp_path):
     assert_one_line_error(bad, "cannot decode image", "zz_broken.JPEG")
 
 
+class _RecordingDevice:
+    """The CPU device, with the order of the data backend's decodes and host-to-device transfers recorded."""
+
+    def __init__(self, device, events):
+        self._device, self._events = device, events
+
+    def __getattr__(self, name):
+        attr = getattr(self._device, name)
+        if name not in ("move", "upload"):
+            return attr
+
+        def recorded(*args, **kwargs):
+            self._events.append(name)
+            return attr(*args, **kwargs)
+        return recorded
+
+
+def test_device_backend_decodes_a_batch_before_it_transfers_the_worker_decoded_images(tmp_path):
+    """CUDA's decoder writes from a stream that does not wait for the data stream, so each batch's decode comes
+    before anything queued there that could still read memory freed for it (the fallback images' transfer)."""
+    root = generate(str(tmp_path / "d"), classes=2, train_per_class=6, val_per_class=1, size=40, seed=1)
+    cls_dir = os.path.join(root, "train", sorted(os.listdir(os.path.join(root, "train")))[0])
+    for k, name in enumerate(sorted(os.listdir(cls_dir))[:3]):
+        Image.open(os.path.join(cls_dir, name)).save(os.path.join(cls_dir, "png_{}.JPEG".format(k)), "PNG")
+    train, _, _ = data.build(Cfg(root, "gpu"), CPU, 5, 0, 1, 0, seed=7)
+    events = []
+    train.device = _RecordingDevice(CPU, events)
+    real_decode, real_batch = train.decode, train._decode_batch
+    train.decode = lambda raws: events.append("decode") or real_decode(raws)
+    train._decode_batch = lambda *a: events.append("batch") or real_batch(*a)
+    train.sampler.set_epoch(0)
+    assert len(list(train)) == 3
+    assert train.fallbacks == 3
+    per_batch = " ".join(events).split("batch")[1:]
+    transferred = [b.split() for b in per_batch if "upload" in b]
+    assert transferred, events  # some batch mixed fallback images with ones to decode
+    for b in transferred:
+        assert b[0] == "decode" and "decode" not in b[1:], events
+
+
 def test_validation_counts_every_image_once(tmp_path):
     """The device backend (the CPU backend's count is checked in test_train.py)."""
     backend = "gpu"

@@ -148,13 +148,16 @@ class DeviceDecodeLoader:
         out = None
         todo = [k for k in range(n) if raw[k].numel() > 0]
         ready = [k for k in range(n) if raw[k].numel() == 0]
+        # the decode first: CUDA's decoder writes from a stream of its own that does not wait for this one, so
+        # it runs while nothing is queued here (``data_work`` drained it) that could still read memory this
+        # batch freed, such as an index tensor of the transfer below
+        decoded = self._decode([raw[k] for k in todo], [paths[k] for k in todo])
+        decoded = [img if img.device == self.device.torch_device else self.device.move(img) for img in decoded]
         if ready:  # decoded (and augmented) by the workers: one transfer
             out = torch.empty((n, 3, s, s), dtype=torch.uint8, device=self.device.torch_device)
             self.fallbacks += sum(1 for k in ready if paths[k])
             done = self.device.move(torch.stack([fallback[k] for k in ready]))
             out[self.device.upload(torch.tensor(ready))] = done
-        decoded = self._decode([raw[k] for k in todo], [paths[k] for k in todo])
-        decoded = [img if img.device == self.device.torch_device else self.device.move(img) for img in decoded]
         if not decoded:
             return out
         rois = [self._roi(img, boxes[k].tolist()) for k, img in zip(todo, decoded)]
