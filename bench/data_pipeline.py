@@ -64,7 +64,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from trainer import data as datamod  # noqa: E402
-from trainer.device import Device, prefers_channels_last  # noqa: E402
+from trainer.device import Device, prefers_channels_last, user_allocator_choice  # noqa: E402
 
 MEAN, STD = datamod.MEAN, datamod.STD
 
@@ -311,7 +311,7 @@ def main(argv=None):
         p.error("--steps must be at least 1")
     if sum((a.epoch_vs_examples, a.decode_ahead, a.host_memory)) > 1:
         p.error("choose one of --epoch-vs-examples, --decode-ahead and --host-memory")
-    if a.host_memory and (os.environ.get("LD_PRELOAD") or any(k.startswith("MALLOC_") for k in os.environ)):
+    if a.host_memory and user_allocator_choice():
         p.error("--host-memory compares the trainer's setting with glibc's own: unset LD_PRELOAD and MALLOC_*")
     if not (a.epoch_vs_examples or a.decode_ahead or a.host_memory):
         # The loader's consumer (normalisation) runs in this process with one thread, as DataLoader workers

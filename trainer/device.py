@@ -228,6 +228,16 @@ _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 _HOST_MEMORY = []  # what keep_host_memory decided, once per process
 
 
+def user_allocator_choice(environ=None):
+    """What the environment says the user chose for host memory: their allocator (``LD_PRELOAD``) or glibc
+    settings (any ``MALLOC_*`` variable), as a short description; None where they chose nothing."""
+    env = os.environ if environ is None else environ
+    if env.get("LD_PRELOAD", "").strip():
+        return "user's allocator (LD_PRELOAD)"
+    names = sorted(k for k in env if k.startswith("MALLOC_"))
+    return "user's glibc settings ({})".format(",".join(names)) if names else None
+
+
 def keep_host_memory(kind, environ=None):
     """On a CPU run, make glibc's malloc keep freed memory for the next step instead of returning it.
 
@@ -243,13 +253,11 @@ def keep_host_memory(kind, environ=None):
     description (summary.json's ``host_memory``); the first call decides for the process."""
     if _HOST_MEMORY:
         return _HOST_MEMORY[0]
-    env = os.environ if environ is None else environ
+    chosen = user_allocator_choice(environ)
     if kind != "cpu":
         what = "system allocator (tensors on {})".format(kind)
-    elif env.get("LD_PRELOAD", "").strip():
-        what = "user's allocator (LD_PRELOAD)"
-    elif any(k.startswith("MALLOC_") for k in env):
-        what = "user's glibc settings ({})".format(",".join(sorted(k for k in env if k.startswith("MALLOC_"))))
+    elif chosen:
+        what = chosen
     else:
         what = "system allocator (not glibc)"
         try:
