@@ -23,7 +23,7 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from trainer.device import zero_momentum_buffers  # noqa: E402
+from trainer.device import Device, zero_momentum_buffers  # noqa: E402
 
 
 def train(kind, device, steps):
@@ -33,7 +33,7 @@ def train(kind, device, steps):
                           **({"fused": True} if kind != "unfused" else {}))
     if kind == "fused-zero":
         zero_momentum_buffers(opt)
-    scaler = torch.amp.GradScaler(device.type, init_scale=2.0 ** 16)
+    scaler = Device(device.type, device.index).grad_scaler(2.0 ** 16)
     gen = torch.Generator().manual_seed(1)
     loss = None
     for i in range(steps):

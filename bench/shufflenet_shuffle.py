@@ -34,6 +34,7 @@ import torchvision
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import models  # noqa: E402
+from trainer.device import npu_module  # noqa: E402
 
 WIDTHS = ("0_5", "1_0", "1_5", "2_0")
 
@@ -73,7 +74,7 @@ def synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "npu":
-        torch.npu.synchronize()
+        npu_module().npu.synchronize()
 
 
 def build_models(width, num_classes, device, index_dtype):
