@@ -1,8 +1,12 @@
-"""The Ascend stack runs Python 3.7-3.9 with torch 1.11: keep the sources 3.8-syntax-clean and within torch
-1.11's API, with newer torch APIs only behind the device layer's version guards."""
+"""The Ascend stack runs Python 3.7-3.9 with torch 1.11: keep the sources 3.7-clean (syntax and standard
+library) and within torch 1.11's API, with newer torch APIs only behind the device layer's version guards."""
 import ast
 import functools
+import importlib.util
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -21,9 +25,11 @@ DEVICE_LAYER = (os.path.join("trainer", "device.py"), os.path.join("trainer", "d
 
 
 @pytest.mark.parametrize("path", sorted(SOURCES), ids=lambda p: os.path.relpath(p, ROOT))
-def test_parses_as_python_38(path):
+def test_parses_as_python_37(path):
+    """ast's own check of the grammar (walrus, positional-only parameters, f-string ``=``); best effort,
+    test_vermin_finds_nothing_newer_than_python_37 is the thorough one."""
     with open(path) as f:
-        ast.parse(f.read(), filename=path, feature_version=(3, 8))
+        ast.parse(f.read(), filename=path, feature_version=(3, 7))
 
 
 def test_device_words_stay_in_the_device_layer():
@@ -194,3 +200,77 @@ def test_torch_uses_follows_imports_and_aliases():
                      "torch.compile", "torch.nn.Linear", "torch.cuda.amp.GradScaler.scale",
                      "torch.nn.functional.interpolate", "torch.ops.aten.foo"]
     assert [n for n in names if unknown_in_torch111(n)] == ["torch.compile"]
+
+
+# ---------------------------------------------------------------- Python 3.7: vermin
+
+# vermin (https://pypi.org/project/vermin/) finds the minimum Python each line needs, from its syntax and
+# its standard library. Annotations count (Python 3.7 evaluates them). ``--exclude long``: vermin takes
+# ``t.long()`` for Python 2's builtin ``long``, which Python 3 lacks, and then gives the file no verdict (its
+# exit status let a walrus added to trainer/batch_decode.py pass).
+VERMIN_ARGS = ["--no-config-file", "--no-make-paths-absolute", "--format", "parsable", "--violations",
+               "-t=3.7-", "--eval-annotations", "--exclude", "long"]
+
+
+def vermin_command():
+    if importlib.util.find_spec("vermin") is not None:
+        return [sys.executable, "-m", "vermin"]
+    found = shutil.which("vermin")
+    return [found] if found else None
+
+
+def needs_more_than_37(py3):
+    """Whether vermin's Python 3 verdict (``3.8``, ``!3``: not on Python 3 at all) rules out Python 3.7."""
+    if py3.startswith("!"):
+        return True
+    try:
+        return tuple(int(p) for p in py3.split(".")) > (3, 7)
+    except ValueError:
+        return False
+
+
+def vermin(paths, cwd):
+    """(the lines that need more than Python 3.7 as "path:line: what needs Python V", vermin's verdict for all
+    of ``paths``, the finished process). Skips the test where vermin is not installed."""
+    command = vermin_command()
+    if command is None:
+        pytest.skip("vermin is not installed (pip install vermin)")
+    proc = subprocess.run(command + VERMIN_ARGS + list(paths), cwd=cwd, capture_output=True, text=True, timeout=100)
+    findings, verdict = [], None
+    for line in proc.stdout.splitlines():
+        parts = line.split(":", 5)  # path:line:column:py2:py3:feature; the last line only has the versions
+        if len(parts) != 6:
+            continue
+        if not parts[0]:
+            verdict = parts[4]
+        elif parts[1] and needs_more_than_37(parts[4]):
+            findings.append("{}:{}: {} needs Python {}".format(parts[0], parts[1], parts[5], parts[4]))
+    return findings, verdict, proc
+
+
+@pytest.mark.timeout(120)
+def test_vermin_finds_nothing_newer_than_python_37():
+    findings, verdict, proc = vermin(TOPS, ROOT)
+    assert not findings, "\n".join(
+        "{}; the Ascend stack runs Python 3.7: rewrite it, or keep it where a guard (try/except ImportError, "
+        "a version check) gives 3.7 a fallback and mark that line # novermin with the reason".format(f)
+        for f in findings)
+    assert proc.returncode == 0 and verdict and not needs_more_than_37(verdict), (proc.stdout, proc.stderr)
+
+
+@pytest.mark.timeout(120)
+def test_vermin_sees_python_38_beside_tensor_long(tmp_path):
+    """vermin as run above reports 3.8 code in a file that also calls ``t.long()`` (what ``--exclude long``
+    is for), its standard library and annotations included, and honours # novermin."""
+    (tmp_path / "new.py").write_text("\n".join([
+        "import math",
+        "def f(t, xs: list[int]):",
+        "    if (n := t.long()) is not None:",
+        "        return math.prod(xs)",
+        "    from importlib import metadata  # novermin (guarded)",
+    ]) + "\n")
+    findings, verdict, proc = vermin(["new.py"], str(tmp_path))
+    assert sorted(findings) == ["new.py:2: builtin generic type annotation (list[..]) needs Python 3.9",
+                                "new.py:3: named expressions needs Python 3.8",
+                                "new.py:4: 'math.prod' member needs Python 3.8"], proc.stdout
+    assert verdict == "3.9" and proc.returncode == 1

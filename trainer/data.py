@@ -188,7 +188,7 @@ def pillow_simd():
     """Whether PIL is pillow-simd, whose SIMD resize beats torch's uint8 resize (docs/BENCHMARKS.md)."""
     if not _PIL_SIMD:
         try:
-            from importlib import metadata
+            from importlib import metadata  # novermin (3.8; asked with torch >= 2.1, which needs 3.8)
             metadata.distribution("pillow-simd")
             _PIL_SIMD.append(True)
         except Exception:  # not installed (or Python < 3.8, without importlib.metadata)

@@ -858,7 +858,7 @@ def _installed_version(dist, module):
     """A package's version from its metadata (without importing it: torchvision's import costs seconds),
     else from the module; None when it is not installed."""
     try:
-        from importlib import metadata
+        from importlib import metadata  # novermin (3.8; Python 3.7 takes the module's __version__ below)
         return metadata.version(dist)
     except Exception:
         pass
