@@ -173,3 +173,70 @@ def test_killing_one_rank_stops_the_job(data70, tmp_path):
     assert time.time() - t0 < 60
     assert all(gone(q, within=15) for q in family), "processes left behind"
     assert "failed" in p.stderr.read()
+
+
+# ---------------------------------------------------------------- spawn's supervision (any torch)
+
+
+def crash_on_rank_1(cfg):
+    """A rank body for spawn: local rank 1 raises, the others would run a minute."""
+    if cfg.local_rank == 1:
+        raise RuntimeError("injected failure on local rank {}".format(cfg.local_rank))
+    time.sleep(60)
+    return 0
+
+
+def test_a_spawned_ranks_traceback_reaches_the_user_once_and_the_others_stop(tmp_path, capfd):
+    from trainer import config, distributed
+    cfg, _ = config.parse_config(["--dummy", "--device", "cpu", "--multiprocessing-distributed", "--device-list",
+                                  "0,1", "--port", "0", "-b", "8", "--output-dir", str(tmp_path)], env={})
+    t0 = time.time()
+    code = distributed.spawn(cfg, "cpu", crash_on_rank_1)
+    err = capfd.readouterr().err
+    assert code == 1 and time.time() - t0 < 40, (code, err)
+    assert err.count("RuntimeError: injected failure on local rank 1") == 1, err
+    assert "Traceback" in err and "in crash_on_rank_1" in err
+    assert err.strip().splitlines()[-1] == "error: local rank 1 failed (exit code 1); stopped the other ranks"
+
+
+def _spawned_job(data70, tmp_path):
+    """main.py with two spawned ranks, in a session of its own (a terminal's process group), SIGINT as a
+    terminal has it; returns (Popen, rank pids, ranks and their data workers) once it trains."""
+    p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path),
+                          "--multiprocessing-distributed", "--device-list", "0,1", "--port", "0", "-a", "resnet18",
+                          "--epochs", "100", "-b", "4", "--device", "cpu", "-p", "1"] + SMALL[:6] + ["-j", "1"],
+                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    read_lines(p, lambda lines: re.match(r"Epoch: \[0\]\[\s*2/", lines[-1]), timeout=180)
+    ranks = [c for c in _children(p.pid) if "spawn" in open("/proc/{}/cmdline".format(c)).read()]
+    assert len(ranks) == 2, ranks
+    return p, ranks, ranks + [g for r in ranks for g in _children(r)]
+
+
+def test_ctrl_c_stops_every_rank(data70, tmp_path):
+    p, _, family = _spawned_job(data70, tmp_path)
+    try:
+        os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130, err[-3000:]
+    assert "interrupted: all ranks stopped" in err
+    assert all(gone(q, within=15) for q in family), "processes left behind"
+    assert read_summary(tmp_path)["status"] == "interrupted"
+
+
+def test_ranks_end_with_their_killed_supervisor(data70, tmp_path):
+    p, _, family = _spawned_job(data70, tmp_path)
+    try:
+        p.kill()  # SIGKILL: the supervisor cannot stop anything itself
+        p.wait(timeout=30)
+        assert all(gone(q, within=30) for q in family), "ranks went on training without their supervisor"
+    finally:
+        for q in family:
+            try:
+                os.kill(q, signal.SIGKILL)
+            except OSError:
+                pass

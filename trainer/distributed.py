@@ -2,13 +2,17 @@
 this process sits in the job, the supervisor of a node's ranks (spawn's and the drivers'), and the
 collectives the trainer uses. Launch modes, batch and LR rules, rendezvous: docs/DESIGN.md.
 """
+import ctypes
 import datetime
+import multiprocessing
 import os
-import pickle
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
+import traceback
 
 import torch
 
@@ -323,23 +327,29 @@ def spawn(cfg, kind, worker):
             check_port_free(port)
     child = cfg.replace(device_list=tuple(ids), world_size=world, procs_per_node=nprocs,
                         rank=cfg.node_rank * nprocs, port=port)
-    import torch.multiprocessing as mp
-    ranks, error_files = Ranks(), []
+    ranks, trace_dir = Ranks(), tempfile.mkdtemp(prefix="ranks-")
+    traces = [os.path.join(trace_dir, "rank{}.trace".format(i)) for i in range(nprocs)]
     try:
         with ranks:
-            ctx = mp.start_processes(_spawn_entry, args=(child, worker), nprocs=nprocs, join=False,
-                                     start_method="spawn")
-            ranks.procs, error_files = ctx.processes, ctx.error_files
+            context = multiprocessing.get_context("spawn")
+            for i in range(nprocs):
+                proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i]),
+                                       name="spawn rank {}".format(i))
+                proc.start()
+                ranks.procs.append(proc)
             r = ranks.supervise()
     except Interrupted as exc:
-        ranks.stop()
+        # Ctrl-C: the ranks are interrupted too (a terminal signals them already; kill -INT does not), so that
+        # each ends as an interrupted run, summary written; SIGTERM is passed on as it came
+        ranks.stop(sig=signal.SIGINT if exc.signum == signal.SIGINT else signal.SIGTERM)
         sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
                          "--resume auto\n".format(cfg.output_dir))
         return exc.exit_code
     finally:
         if ranks.running():
             ranks.stop()
-        traces = [_take_trace(f) for f in error_files]
+        traces = [_take_trace(f) for f in traces]
+        shutil.rmtree(trace_dir, ignore_errors=True)
     if r is None:
         return 0
     code = ranks.codes()[r]
@@ -353,21 +363,44 @@ def spawn(cfg, kind, worker):
 
 
 def _take_trace(path):
-    """The traceback a spawned rank left in its error file (torch.multiprocessing), the file removed."""
+    """The traceback a spawned rank left in its trace file ("" if it left none)."""
     try:
-        with open(path, "rb") as f:
-            trace = pickle.load(f)
-        os.unlink(path)
-        return str(trace)
-    except (OSError, EOFError, pickle.UnpicklingError):
+        with open(path) as f:
+            return f.read()
+    except OSError:
         return ""
 
 
-def _spawn_entry(local_index, cfg, worker):
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(sig=signal.SIGINT):
+    """Linux: the kernel sends ``sig`` to this process when its parent dies, so that no rank trains on
+    unsupervised after the supervisor was killed (elsewhere: nothing)."""
+    try:
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "prctl"):
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _spawn_entry(local_index, cfg, worker, trace_path):
+    """A spawned rank: run ``worker``, exit with its code. A raised exception's traceback goes to
+    ``trace_path`` for the supervisor to print once (the rank itself prints nothing), exit code 1."""
+    _die_with_parent()
     cfg = cfg.replace(local_rank=local_index, rank=cfg.rank + local_index)
-    code = worker(cfg)
-    if code:
-        sys.exit(code)
+    try:
+        code = worker(cfg)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:
+        with open(trace_path, "w") as f:
+            f.write(traceback.format_exc())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code or 0)
 
 
 # ---------------------------------------------------------------- collectives

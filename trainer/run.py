@@ -10,6 +10,7 @@
 import math
 import os
 import secrets
+import signal
 import sys
 
 import torch
@@ -116,7 +117,8 @@ def worker(cfg):
         job = build(cfg, device, dist, log, rs)
         return evaluate(job) if cfg.evaluate else train(job)
     except KeyboardInterrupt:
-        _finish(rs, "interrupted", "interrupted by the user")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
+        _finish(rs, "interrupted", "interrupted by the user")  # must not cut the summary short
         if dist.is_main and cfg.launch != "spawn":  # spawn's parent says it for all ranks
             sys.stderr.write(interrupted_line(cfg) + "\n")
             sys.stderr.flush()
