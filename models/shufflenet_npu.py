@@ -72,14 +72,25 @@ class _ConcatShuffleSplit(torch.autograd.Function):
         return grad.index_select(1, inv1), grad.index_select(1, inv2), None, None, None, None
 
 
-def _is_compiling():
+_COMPILING = []  # torch's "is a graph being captured" function, once found (see _find_is_compiling)
+
+
+def _find_is_compiling():
+    """Look up torch's compile-time test once, when a model is built: never inside a forward, because torch
+    2.1's graph capture cannot trace the lookup itself (``hasattr`` on a module) and stops there."""
+    if _COMPILING:
+        return
     compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
+    if compiler is not None and hasattr(compiler, "is_compiling"):  # torch >= 2.3
+        _COMPILING.append(compiler.is_compiling)
+        return
     dynamo = getattr(torch, "_dynamo", None)  # torch 2.0 - 2.2; absent on torch 1.11
-    if dynamo is not None and hasattr(dynamo, "is_compiling"):
-        return dynamo.is_compiling()
-    return False
+    _COMPILING.append(dynamo.is_compiling if dynamo is not None and hasattr(dynamo, "is_compiling")
+                      else (lambda: False))
+
+
+def _is_compiling():
+    return _COMPILING[0]() if _COMPILING else False
 
 
 def _index_tensor(values):
@@ -208,6 +219,7 @@ class ShuffleNetV2NPU(nn.Module):
 
     def __init__(self, stages_repeats, stages_out_channels, num_classes=1000, shuffle_impl="auto"):
         super(ShuffleNetV2NPU, self).__init__()
+        _find_is_compiling()
         if len(stages_repeats) != 3:
             raise ValueError("expected stages_repeats as list of 3 positive ints")
         if len(stages_out_channels) != 5:

@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tools.make_dataset import generate  # noqa: E402
+from trainer.device import Device  # noqa: E402
 
 PY = sys.executable
 
@@ -29,6 +30,12 @@ if _XDIST_WORKERS > 1:
         sys.modules["torch"].set_num_threads(int(THREADS))
 else:
     THREADS = "2"
+
+
+# Tests of a feature that the installed torch lacks skip with the device layer's own reason (the same words
+# a user gets from main.py); a few at most, on the torch 2.1 lane (make test-compat).
+CPU_FLOAT16 = Device("cpu", None).float16_missing()
+needs_cpu_float16 = pytest.mark.skipif(CPU_FLOAT16 is not None, reason="float16 autocast {}".format(CPU_FLOAT16))
 
 
 def dataset(tmp_path_factory, name, classes, train, val, seed, **kw):

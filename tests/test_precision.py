@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import RANKS, SMALL, assert_one_line_error, read_summary, run_main
+from conftest import RANKS, SMALL, assert_one_line_error, needs_cpu_float16, read_summary, run_main
 from trainer import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
@@ -43,6 +43,7 @@ def precision(kind, loss_scale=None):
 PAIRINGS = [("fp32", None, False), ("bf16", None, False), ("fp16", None, False), ("fp16", 128.0, False)]
 if HAS_FUSED_CPU:
     PAIRINGS += [("bf16", None, True), ("fp16", None, True), ("fp16", 128.0, True)]
+PAIRINGS = [pytest.param(*p, marks=needs_cpu_float16) if p[0] == "fp16" else p for p in PAIRINGS]
 
 
 def snapshot(model, optimizer):
@@ -122,6 +123,7 @@ def test_fused_sgd_probe_passes_and_catches_a_broken_pairing(monkeypatch):
     devmod._fused_sgd_verdict.clear()
 
 
+@needs_cpu_float16
 def test_resume_restores_scaler_and_overflow_count():
     model, step = ampmod.build_step(precision("fp16", None), CPU, tiny_model(), LR, MOMENTUM, WD)
     x, y = batch(0)

@@ -14,6 +14,7 @@ import platform
 import re
 import sys
 import threading
+import warnings
 
 import torch
 
@@ -519,10 +520,16 @@ class Device:
                 return dtype, ("--amp-dtype bfloat16: this CPU has no native bfloat16: expect float32 to be "
                                "several times faster")
             return dtype, None
-        if self.kind == "cpu" and not _has_amp_grad_scaler():
-            raise UsageError("--amp-dtype float16 on CPU needs torch >= 2.3 (CPU GradScaler); this is torch {}: "
-                             "use --amp-dtype bfloat16".format(torch.__version__))
+        missing = self.float16_missing()
+        if missing:
+            raise UsageError("--amp-dtype float16 {}: use --amp-dtype bfloat16".format(missing))
         return dtype, None
+
+    def float16_missing(self):
+        """Why float16 autocast with a loss scaler cannot run on this device with this torch, or None."""
+        if self.kind == "cpu" and not _has_amp_grad_scaler():
+            return "on CPU needs torch >= 2.3 (CPU GradScaler); this is torch {}".format(torch.__version__)
+        return None
 
     def autocast(self, dtype):
         """Autocast context for ``dtype`` (None: no autocast)."""
@@ -574,8 +581,9 @@ class Device:
             return amp.GradScaler(**kwargs)
         if _has_amp_grad_scaler():  # torch >= 2.3
             return torch.amp.GradScaler(self.kind, init_scale=init)
-        if self.kind == "cpu":
-            raise UsageError("float16 autocast on CPU needs torch >= 2.3 (CPU GradScaler)")
+        missing = self.float16_missing()
+        if missing:
+            raise UsageError("float16 autocast {}".format(missing))
         return torch.cuda.amp.GradScaler(init_scale=init)
 
     # -- optimizer
@@ -803,11 +811,15 @@ def _visible_hint(kind):
 
 
 def torch_load(path, map_location="cpu", weights_only=True):
-    """torch.load with ``weights_only`` where this torch has it (>= 1.13)."""
+    """torch.load with ``weights_only`` where this torch has it (>= 1.13). torch 2.0-2.2's weights-only
+    unpickler warns "TypedStorage is deprecated" on every file (its own use, nothing of the caller's):
+    that warning is silenced here so that a run's stderr keeps to its one-line contract."""
     kwargs = {"map_location": map_location}
     if "weights_only" in inspect.signature(torch.load).parameters:
         kwargs["weights_only"] = weights_only
-    return torch.load(path, **kwargs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+        return torch.load(path, **kwargs)
 
 
 @contextlib.contextmanager
