@@ -3,22 +3,41 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# the second lane: torch 2.1.0, the torch of ModelZoo's Ascend stack (requirements-compat.txt)
+VENV_COMPAT  := .venv-torch2.1
+PY_COMPAT    := $(VENV_COMPAT)/bin/python
+STAMP_COMPAT := $(VENV_COMPAT)/.installed
+# pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
+# marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
+PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs tests
 
-.PHONY: install test demo lint clean-demo check-device
+.PHONY: install install-compat test test-compat demo lint clean-demo check-device
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-common.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip check
 	@command -v shellcheck >/dev/null 2>&1 || ./tools/install_system_deps.sh
 	@touch $@
 
-# pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
-# marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
+install-compat: $(STAMP_COMPAT)
+
+$(STAMP_COMPAT): requirements-compat.txt requirements-common.txt
+	@test -x $(PY_COMPAT) || $(PYTHON) -m venv $(VENV_COMPAT)
+	$(PY_COMPAT) -m pip install -q --disable-pip-version-check -r requirements-compat.txt
+	$(PY_COMPAT) -m pip check
+	@touch $@
+
+# the pinned stack (requirements.txt)
 test: install
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadgroup tests
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the whole suite again on torch 2.1.0 (requirements-compat.txt); a test that needs a newer torch skips
+# with its reason (-rs lists them)
+test-compat: install-compat
+	$(PY_COMPAT) -m pytest $(PYTEST_ARGS)
 
 # What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
 # check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.

@@ -103,3 +103,19 @@ def test_backends_alike_needs_both_runs_trained_and_close():
     assert not ok and "other backend 12.0" in detail and "40.0 % through cpu" in detail
     assert not alike({"cpu": good, "gpu": dict(other, losses=[2.3, 2.2])}, 10.0, 3.0)[0]
     assert not alike({"cpu": good, "gpu": dict(other, acc1=15.0, acc1_cpu=15.0)}, 100.0, 3.0)[0]
+
+
+def test_train_fp16_runs_where_the_torch_can_and_is_a_skip_row_with_its_reason_where_not(tmp_path):
+    from conftest import CPU_FLOAT16
+    out = tmp_path / "r.json"
+    proc = run_tool("check_device.py", ["--small", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
+                                        "--only", "train-fp16", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    row = res["checks"][0]
+    assert res["passed"] is True
+    if CPU_FLOAT16:  # torch < 2.3: no CPU GradScaler
+        assert row["status"] == "SKIP" and "needs torch >= 2.3" in row["detail"], row
+        assert "0 of 1 checks passed (1 skipped" in proc.stdout
+    else:
+        assert row["status"] == "PASS" and row["dtype"] == "float16", row
