@@ -345,11 +345,15 @@ def _scaler_entries(ckpt):
 
 
 def _found_inf(scaler, optimizer):
-    """Device tensor: 1 if this step found inf/nan (and was skipped), else 0; None if unknown."""
+    """Device tensor: 1 if this step found inf/nan (and was skipped), else 0; None if unknown.
+
+    torch's scaler holds 0 or 1 per device; torch_npu's adds 1 to its kernel's 1 on an overflow, so it
+    holds 2 there (torch_npu/npu/amp/grad_scaler.py ``_unscale_grads_``: 2.1.0.post17 :267-271, 2.14.0
+    :266-270): the sum is clamped to 1, one skipped step."""
     try:
         per_device = scaler._found_inf_per_device(optimizer)
     except Exception:
         return None
     if not per_device:
         return None
-    return sum(v.float() for v in per_device.values())
+    return sum(v.float() for v in per_device.values()).clamp(max=1.0)
