@@ -6,9 +6,12 @@ a script with ``--child GROUP`` and tests/fake_npu on PYTHONPATH. Each pytest te
 result from that child's JSON report.
 """
 
+import contextlib
 import inspect
+import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,12 +25,13 @@ from conftest import RANKS
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_DIR = os.path.join(HERE, "fake_npu")
 
-# Real signatures (parameter lists without ``self``), read from the Python sources of
-# torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl (PyPI "torch-npu" 2.14.0):
+# Real signatures (parameter lists without ``self``) per torch_npu release, read from the Python sources
+# of the wheels the fake follows (tests/fake_npu/torch_npu/_release.py):
 # torch_npu/npu/{__init__,utils,random,memory,autocast_utils}.py, torch_npu/npu/amp/*.py,
 # torch_npu/optim/npu_fused_sgd.py, torch_npu/optim/npu_fused_optim_base.py,
-# torch_npu/profiler/{profiler,scheduler}.py, torch_npu/contrib/module/channel_shuffle.py.
-REAL_TORCH_NPU = {
+# torch_npu/profiler/{profiler,scheduler,experimental_config}.py, torch_npu/contrib/module/channel_shuffle.py.
+# 2.14.0: torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl (PyPI "torch-npu" 2.14.0).
+REAL_TORCH_NPU_2_14 = {
     "npu.is_available": [],
     "npu.device_count": [],
     "npu.set_device": ["device"],
@@ -80,9 +84,43 @@ REAL_TORCH_NPU = {
     "profiler.schedule.__init__": ["wait", "active", "warmup=0", "repeat=0", "skip_first=0", "skip_first_wait=0"],
     "profiler.tensorboard_trace_handler": ["dir_name=None", "worker_name=None", "analyse_flag=True",
                                            "async_mode=False"],
+    "profiler._ExperimentalConfig.__init__": ["profiler_level='Level0'", "aic_metrics='ACL_AICORE_PIPE_UTILIZATION'",
+                                              "l2_cache=False", "msprof_tx=False", "mstx=False",
+                                              "data_simplification=True", "record_op_args=False", "op_attr=False",
+                                              "gc_detect_threshold=None", "export_type='text'", "host_sys=None",
+                                              "mstx_domain_include=None", "mstx_domain_exclude=None", "sys_io=False",
+                                              "sys_interconnection=False"],
     "contrib.module.ChannelShuffle.__init__": ["in_channels", "groups=2", "split_shuffle=True"],
     "contrib.module.ChannelShuffle.forward": ["x1", "x2"],
 }
+
+# 2.1.0.post17: torch_npu-2.1.0.post17-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl (PyPI
+# "torch-npu" 2.1.0.post17). Every entry was read there too; these four differ from 2.14.0, the others
+# are the same lists (several functions sit in npu/utils.py instead of npu/__init__.py).
+REAL_TORCH_NPU_2_1 = dict(REAL_TORCH_NPU_2_14, **{
+    "npu.is_bf16_supported": [],  # npu/utils.py:492
+    "profiler.profile.__init__": ["*", "activities=None", "schedule=None", "on_trace_ready=None",  # profiler.py:184
+                                  "record_shapes=False", "profile_memory=False", "with_stack=False",
+                                  "with_flops=False", "with_modules=False", "experimental_config=None",
+                                  "use_cuda=None"],
+    "profiler.schedule.__init__": ["wait", "active", "warmup=0", "repeat=0", "skip_first=0"],  # scheduler.py:24
+    "profiler._ExperimentalConfig.__init__": ["profiler_level='Level0'", "aic_metrics='ACL_AICORE_NONE'",  # :68
+                                              "l2_cache=False", "msprof_tx=False", "mstx=False",
+                                              "data_simplification=True", "record_op_args=False", "op_attr=False",
+                                              "gc_detect_threshold=None", "export_type=None", "host_sys=None",
+                                              "mstx_domain_include=None", "mstx_domain_exclude=None", "sys_io=False",
+                                              "sys_interconnection=False"],
+})
+
+REAL_TORCH_NPU = {"2.14.0": REAL_TORCH_NPU_2_14, "2.1.0.post17": REAL_TORCH_NPU_2_1}
+
+
+def _torch_npu_release():
+    """The torch_npu release that pairs with the installed torch: 2.1.0.post17 before torch 2.3 (whose
+    torch.amp.GradScaler torch_npu's GradScaler subclasses from 2.3.1 on), 2.14.0 after."""
+    import torch
+    major_minor = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
+    return "2.1.0.post17" if major_minor < (2, 3) else "2.14.0"
 
 # Ascend apex-patch (gitee ascend/apex: patch/npu.patch on NVIDIA apex amp/frontend.py and
 # amp/handle.py; src/apex/optimizers/npu_fused_sgd.py).
@@ -154,8 +192,21 @@ def _compare(root, table):
 @check()
 def signatures_torch_npu():
     import torch_npu
-    _compare(torch_npu, REAL_TORCH_NPU)
+    _compare(torch_npu, REAL_TORCH_NPU[_torch_npu_release()])
     assert {a.name for a in torch_npu.profiler.ProfilerActivity} >= {"CPU", "NPU"}
+
+
+@check()
+def release_follows_the_installed_torch():
+    import torch
+    import torch_npu
+    release = _torch_npu_release()
+    assert torch_npu.__version__ == release + "+fake"
+    # the base class of the real GradScaler: torch.cuda.amp's in 2.1.0.post17, torch.amp's in 2.14.0
+    base = torch.cuda.amp.GradScaler if release == "2.1.0.post17" else torch.amp.GradScaler
+    assert torch_npu.npu.amp.GradScaler.__bases__ == (base,)
+    dtypes = [torch.float16, torch.bfloat16] + ([] if release == "2.1.0.post17" else [torch.float32])
+    assert torch.npu.get_amp_supported_dtype() == dtypes
 
 
 @check()
@@ -334,6 +385,45 @@ def grad_scaler_static_scale_and_state_dict():
 
 
 @check()
+def grad_scaler_overflow_is_reported_as_torch_npu_does():
+    import torch
+    import torch_npu
+    model, x = _tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch_npu.npu.amp.GradScaler(init_scale=1024.0)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        scaler.scale(model(x).sum() * float("inf")).backward()
+        scaler.step(opt)
+        # the kernel's found_inf (1) plus the 1 that _unscale_grads_ adds for an overflow
+        found = sum(v.item() for v in scaler._found_inf_per_device(opt).values())
+        scaler.update()
+    assert found == 2.0
+    assert out.getvalue().splitlines() == ["Gradient overflow. Skipping step",
+                                           "Loss scaler reducing loss scale to 512.0"]
+
+
+@check(group="saturation")
+def grad_scaler_saturation_mode_clears_the_overflow_flag_once_per_step():
+    import torch
+    import torch_npu
+    assert not torch_npu.npu.utils.is_support_inf_nan()  # a 910A: fp16 overflow saturates
+    model, x = _tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch_npu.reset_calls()
+    static = torch_npu.npu.amp.GradScaler(init_scale=8.0, dynamic=False)
+    static.scale(model(x).sum()).backward()
+    scaler = torch_npu.npu.amp.GradScaler(init_scale=8.0)
+    for _ in range(2):
+        opt.zero_grad()
+        scaler.scale(model(x).sum())
+        scaler.scale(model(x).sum()).backward()  # a second scale() in the same step clears nothing
+        scaler.step(opt)
+        scaler.update()
+    assert [c[0] for c in torch_npu.calls if c[0] == "npu_clear_float_status"] == ["npu_clear_float_status"] * 2
+
+
+@check()
 def autocast_records_dtype_and_casts_on_cpu():
     import torch
     import torch_npu
@@ -467,6 +557,31 @@ def profiler_writes_a_trace():
 
 
 @check()
+def profiler_export_and_config_follow_the_release():
+    import torch
+    import torch_npu
+    old = _torch_npu_release() == "2.1.0.post17"
+    prof = torch_npu.profiler.profile(activities=[torch_npu.profiler.ProfilerActivity.CPU])
+    with prof:
+        torch.randn(8, 8).mm(torch.randn(8, 8))
+    path = os.path.join(tempfile.mkdtemp(), "trace.txt")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        prof.export_chrome_trace(path)
+    if old:  # 2.1.0.post17 wants a .json path and prints, not raises, the error
+        assert not os.path.exists(path) and "which must be a json file" in out.getvalue()
+    else:
+        assert os.path.getsize(path) > 0 and out.getvalue() == ""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        level1 = torch_npu.profiler._ExperimentalConfig(profiler_level=torch_npu.profiler.ProfilerLevel.Level1)
+    assert level1.aic_metrics == torch_npu.profiler.AiCMetrics.PipeUtilization and level1.export_type == ["text"]
+    # 2.1.0.post17's default export_type (None) is replaced by text with a warning
+    assert ("Invalid parameter export_type: None, reset it to text." in out.getvalue()) is old
+    default = torch_npu.profiler._ExperimentalConfig()
+    assert default.aic_metrics == torch_npu.profiler.AiCMetrics.AiCoreNone  # no metrics at level 0
+
+
+@check()
 def channel_shuffle_matches_reference():
     import torch
     import torch_npu
@@ -511,11 +626,42 @@ def hccl_backend_works_across_processes():
                      ("set_device", "npu:0"), ("set_device", "npu:1")]
 
 
+def _saturation_worker(rank, world, port):
+    import torch
+    import torch.distributed as dist
+    import torch_npu
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), FAKE_NPU_INF_NAN="0")
+    torch.npu.set_device(rank)
+    dist.init_process_group(backend="hccl", world_size=world, rank=rank)
+    model, x = _tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch_npu.npu.amp.GradScaler(init_scale=1024.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = model(x).sum() * (float("inf") if rank == 0 else 1.0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "rank {} stepped".format(rank)
+    assert scaler.get_scale() == 512.0
+    dist.destroy_process_group()
+
+
+@check("ranks")
+def grad_scaler_saturation_mode_skips_on_every_rank_when_one_overflows():
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_saturation_worker, nprocs=2, args=(2, port))
+
+
 GROUP_ENV = {
     "default": {},
     "two": {"FAKE_NPU_DEVICE_COUNT": "2"},
     "visible": {"FAKE_NPU_DEVICE_COUNT": "8", "ASCEND_RT_VISIBLE_DEVICES": "4,6,7"},
     "none": {"FAKE_NPU_DEVICE_COUNT": "0"},
+    "saturation": {"FAKE_NPU_INF_NAN": "0"},
     "ranks": {},  # checks that start processes talking over localhost (conftest.RANKS)
 }
 
@@ -542,7 +688,8 @@ _reports = {}
 def _report(group):
     if group not in _reports:
         env = {k: v for k, v in os.environ.items()
-               if k not in ("FAKE_NPU_DEVICE_COUNT", "ASCEND_RT_VISIBLE_DEVICES", "FAKE_NPU_CALL_LOG")}
+               if k not in ("FAKE_NPU_DEVICE_COUNT", "ASCEND_RT_VISIBLE_DEVICES", "FAKE_NPU_CALL_LOG",
+                            "FAKE_NPU_INF_NAN")}
         env.update(GROUP_ENV[group])
         env["PYTHONPATH"] = os.pathsep.join([FAKE_DIR] + [p for p in [env.get("PYTHONPATH")] if p])
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", group], env=env,

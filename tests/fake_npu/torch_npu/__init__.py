@@ -1,8 +1,9 @@
 """FAKE torch_npu for tests only: an Ascend host with N NPUs simulated on the CPU.
 
-Not the real Ascend Extension for PyTorch. Names and signatures follow torch_npu 2.14.0
-(see docs/NPU_API.md). Tensors never leave the CPU: the device functions only keep and
-record state. N comes from $FAKE_NPU_DEVICE_COUNT (default 8).
+Not the real Ascend Extension for PyTorch. Names, signatures and behaviour follow the torch_npu
+release built for the torch it is imported under: 2.14.0 on torch >= 2.3, 2.1.0.post17 on torch
+2.1 and 2.2 (torch_npu/_release.py; docs/NPU_API.md). Tensors never leave the CPU: the device
+functions only keep and record state. N comes from $FAKE_NPU_DEVICE_COUNT (default 8).
 
 Like the real package, importing it renames torch's PrivateUse1 backend to "npu" (so that
 ``torch.device("npu:3")`` parses), registers ``torch.npu`` (the same object as
@@ -14,8 +15,10 @@ Every simulated call is appended to ``torch_npu.calls`` as a tuple ``(name, *arg
 
 import torch
 
+from torch_npu import _release
+
 FAKE = True  # lets tests (and only tests) tell the fake from the real package
-__version__ = "2.14.0+fake"
+__version__ = _release.RELEASE + "+fake"  # "2.14.0+fake" or "2.1.0.post17+fake"
 
 calls = []  # ("set_device", "npu:3"), ("synchronize", None), ...
 
@@ -32,7 +35,8 @@ def reset_calls():
 
 
 def _register_backend():
-    # Real: torch_npu/_init/registry/backend.py register_privateuse1_backend().
+    # Real: 2.14.0 torch_npu/_init/registry/backend.py:46-63 register_privateuse1_backend(); 2.1.0.post17
+    # does the same three calls at the top level of torch_npu/__init__.py:178-183.
     if torch._C._get_privateuse1_backend_name() != "npu":
         torch.utils.rename_privateuse1_backend("npu")
     import torch_npu.npu as _npu_module

@@ -1,8 +1,10 @@
 """FAKE torch_npu.distributed (test-only): the "hccl" backend, backed by Gloo on the CPU.
 
-Real (torch_npu 2.14.0, torch_npu/_init/registry/distributed.py): ``import torch_npu`` calls
-``torch.distributed.Backend.register_backend("hccl", ..., extended_api=True, devices=["npu"])``
-(and "lccl"), so ``dist.init_process_group(backend="hccl")`` works by name. The fake registers
+Real: ``import torch_npu`` calls ``torch.distributed.Backend.register_backend("hccl", ...,
+extended_api=True, devices=["npu"])`` (and "lccl"), so ``dist.init_process_group(backend="hccl")``
+works by name, and sets ``torch.distributed.is_hccl_available`` (2.14.0:
+torch_npu/_init/registry/distributed.py:37-53, _init/patches/distributed_patches.py:44-46;
+2.1.0.post17: torch_npu/__init__.py:229-243 and :170). The fake registers
 "hccl" for the devices "npu" and "cpu" (its tensors are CPU tensors) and records each process
 group it creates as ("hccl.new_group", rank, size).
 """

@@ -1,7 +1,9 @@
 """FAKE torch_npu.npu (== torch.npu after ``import torch_npu``). Test-only.
 
-Same names and signatures as torch_npu 2.14.0 torch_npu/npu/{__init__,utils,random,memory,
-autocast_utils}.py for the functions the trainer may use. Device state is kept per process.
+Same names and signatures as torch_npu/npu/{__init__,utils,random,memory,autocast_utils}.py of
+the release followed (torch_npu/_release.py) for the functions the trainer may use; the two releases
+differ here in ``is_bf16_supported`` and ``get_amp_supported_dtype`` only. Device state is kept per
+process.
 """
 
 import os
@@ -10,6 +12,7 @@ import types
 import torch
 
 import torch_npu
+from torch_npu import _release
 
 __all__ = [
     "is_available", "device_count", "set_device", "current_device", "synchronize", "device",
@@ -265,12 +268,18 @@ def empty_cache():
 
 # ---- autocast helpers (torch_npu/npu/autocast_utils.py) -------------------------------------
 
-def is_bf16_supported(including_emulation=False):
-    return True
+if _release.V2_1:
+    def is_bf16_supported():  # 2.1.0.post17 npu/utils.py:492
+        return True
+else:
+    def is_bf16_supported(including_emulation=False):  # 2.14.0 npu/utils.py:407
+        return True
 
 
 def get_amp_supported_dtype():
-    return [torch.float16, torch.bfloat16, torch.float32]
+    """float16 and bfloat16 (2.1.0.post17 npu/autocast_utils.py:8-11); 2.14.0 adds float32 (same lines)."""
+    dtypes = [torch.float16, torch.bfloat16]
+    return dtypes if _release.V2_1 else dtypes + [torch.float32]
 
 
 from torch_npu.npu import utils  # noqa: E402,F401

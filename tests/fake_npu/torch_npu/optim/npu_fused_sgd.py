@@ -1,8 +1,9 @@
 """FAKE torch_npu.optim.NpuFusedSGD (test-only).
 
-Real (torch_npu 2.14.0, torch_npu/optim/npu_fused_sgd.py): ``NpuFusedSGD(params, lr=required,
-momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)``, the SGD update applied to the
-parameters and gradients fused into one flat buffer per dtype; usable on its own (no apex).
+Real (torch_npu/optim/npu_fused_sgd.py, the same in 2.1.0.post17 and 2.14.0):
+``NpuFusedSGD(params, lr=required, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False)``,
+the SGD update applied to the parameters and gradients fused into one flat buffer per dtype; usable
+on its own (no apex).
 Its ``zero_grad(set_to_none=False)`` raises ValueError for ``set_to_none=True`` (the flat gradient
 buffer must stay in place), and only float32/float16 parameters are accepted.
 The fake is torch.optim.SGD with those two checks; it records its construction.

@@ -1,22 +1,40 @@
 """FAKE torch_npu.profiler (test-only), a thin layer over torch.profiler on the CPU.
 
-Real (torch_npu 2.14.0, torch_npu/profiler/): ``profile(*, activities=None, schedule=None,
-on_trace_ready=None, record_shapes=False, profile_memory=False, with_stack=False, with_flops=False,
-with_modules=False, experimental_config=None, execution_trace_observer=None,
-custom_trace_id_callback=None, use_cuda=None)`` with start/stop/step/export_chrome_trace (no
-key_averages()); ``schedule`` is the class ``Schedule(wait, active, warmup=0, repeat=0,
-skip_first=0, skip_first_wait=0)``; ``tensorboard_trace_handler(dir_name=None, worker_name=None,
-analyse_flag=True, async_mode=False)``; ``ProfilerActivity.CPU`` / ``.NPU``.
+Real: torch_npu/profiler/{profiler,scheduler,experimental_config}.py of the release followed
+(torch_npu/_release.py).
+
+* ``profile(*, activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
+  profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
+  experimental_config=None, execution_trace_observer=None, custom_trace_id_callback=None,
+  use_cuda=None)`` (2.14.0 profiler.py:201-218); 2.1.0.post17 has neither
+  ``execution_trace_observer`` nor ``custom_trace_id_callback`` (profiler.py:183-198). Methods
+  start/stop/step/export_chrome_trace/add_metadata, no key_averages(). 2.1.0.post17's
+  ``export_chrome_trace`` refuses a path that does not end in ".json" (profiler.py:77-79); like every
+  method there it is wrapped in ``no_exception_func``, so the error is printed, not raised, and
+  nothing is written.
+* ``schedule`` is the class ``Schedule(wait, active, warmup=0, repeat=0, skip_first=0,
+  skip_first_wait=0)`` (2.14.0 scheduler.py:34-49); 2.1.0.post17 has no ``skip_first_wait``
+  (scheduler.py:24).
+* ``tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True, async_mode=False)``
+  in both; ``ProfilerActivity.CPU`` / ``.NPU``.
+* ``_ExperimentalConfig(profiler_level=ProfilerLevel.Level0, aic_metrics=..., ..., export_type=...)``:
+  2.14.0 defaults to ``AiCMetrics.PipeUtilization`` and ``ExportType.Text`` (experimental_config.py:
+  88-105), 2.1.0.post17 to ``AiCMetrics.AiCoreNone`` and None, which it turns into PipeUtilization
+  above level 0 and into text with a warning (experimental_config.py:68-88, 131-134). Both set the
+  metrics back to AiCoreNone, with a warning, at level 0.
+
 The fake only exposes those methods, so code written against it also runs on the real one.
 """
 
 import enum
 import os
 import socket
+import time
 
 import torch
 
 import torch_npu
+from torch_npu import _release
 
 __all__ = ["profile", "ProfilerActivity", "supported_activities", "tensorboard_trace_handler", "schedule",
            "ProfilerAction", "_ExperimentalConfig", "ProfilerLevel", "AiCMetrics", "ExportType"]
@@ -58,7 +76,7 @@ class AiCMetrics:
     ResourceConflictRatio = "ACL_AICORE_RESOURCE_CONFLICT_RATIO"
     L2Cache = "ACL_AICORE_L2_CACHE"
     MemoryAccess = "ACL_AICORE_MEMORY_ACCESS"
-    AicMetricsNone = "ACL_AICORE_NONE"
+    AiCoreNone = "ACL_AICORE_NONE"
 
 
 class ExportType:
@@ -66,14 +84,42 @@ class ExportType:
     Text = "text"
 
 
+def _print_msg(level, message):
+    # torch_npu/profiler/analysis/prof_common_func/_constant.py print_warn_msg / print_error_msg
+    print("{} [{}] [{}] profiler.py: {}".format(time.strftime("[%Y-%m-%d %H:%M:%S]"), level, os.getpid(), message),
+          flush=True)
+
+
 class _ExperimentalConfig:
-    def __init__(self, profiler_level=ProfilerLevel.Level0, aic_metrics=AiCMetrics.PipeUtilization,
-                 l2_cache=False, msprof_tx=False, mstx=False, data_simplification=True, record_op_args=False,
-                 op_attr=False, gc_detect_threshold=None, export_type=ExportType.Text, host_sys=None,
-                 mstx_domain_include=None, mstx_domain_exclude=None, sys_io=False, sys_interconnection=False):
+    if _release.V2_1:
+        def __init__(self, profiler_level=ProfilerLevel.Level0, aic_metrics=AiCMetrics.AiCoreNone, l2_cache=False,
+                     msprof_tx=False, mstx=False, data_simplification=True, record_op_args=False, op_attr=False,
+                     gc_detect_threshold=None, export_type=None, host_sys=None, mstx_domain_include=None,
+                     mstx_domain_exclude=None, sys_io=False, sys_interconnection=False):
+            if profiler_level not in (ProfilerLevel.Level0, ProfilerLevel.Level_none) and \
+                    aic_metrics == AiCMetrics.AiCoreNone:
+                aic_metrics = AiCMetrics.PipeUtilization
+            self._setup(profiler_level, aic_metrics, export_type)
+    else:
+        def __init__(self, profiler_level=ProfilerLevel.Level0, aic_metrics=AiCMetrics.PipeUtilization,
+                     l2_cache=False, msprof_tx=False, mstx=False, data_simplification=True, record_op_args=False,
+                     op_attr=False, gc_detect_threshold=None, export_type=ExportType.Text, host_sys=None,
+                     mstx_domain_include=None, mstx_domain_exclude=None, sys_io=False, sys_interconnection=False):
+            self._setup(profiler_level, aic_metrics, export_type)
+
+    def _setup(self, profiler_level, aic_metrics, export_type):
+        if not export_type:
+            _print_msg("WARNING", "Invalid parameter export_type: {}, reset it to text.".format(export_type))
+            export_type = [ExportType.Text]
+        elif isinstance(export_type, str):
+            export_type = [export_type]
+        if profiler_level in (ProfilerLevel.Level0, ProfilerLevel.Level_none) and aic_metrics != AiCMetrics.AiCoreNone:
+            _print_msg("WARNING", "Please use level1 or level2 if you want to collect aic metrics, "
+                                  "reset aic metrics to None!")
+            aic_metrics = AiCMetrics.AiCoreNone
         self.profiler_level = profiler_level
         self.aic_metrics = aic_metrics
-        self.export_type = export_type
+        self.export_type = list(export_type)
 
 
 def supported_activities():
@@ -81,13 +127,20 @@ def supported_activities():
 
 
 class Schedule:
-    def __init__(self, wait, active, warmup=0, repeat=0, skip_first=0, skip_first_wait=0):
+    if _release.V2_1:
+        def __init__(self, wait, active, warmup=0, repeat=0, skip_first=0):
+            self._setup(wait, active, warmup, repeat, skip_first, 0)
+    else:
+        def __init__(self, wait, active, warmup=0, repeat=0, skip_first=0, skip_first_wait=0):
+            self._setup(wait, active, warmup, repeat, skip_first, skip_first_wait)
+
+    def _setup(self, wait, active, warmup, repeat, skip_first, skip_first_wait):
         self.wait = wait
         self.active = active
         self.warmup = warmup
         self.repeat = repeat
         self.skip_first = skip_first
-        self.skip_first_wait = skip_first_wait
+        self.skip_first_wait = skip_first_wait  # 0 on 2.1.0.post17, which has no such step
 
     def __call__(self, step):
         if step < 0:
@@ -126,10 +179,22 @@ def tensorboard_trace_handler(dir_name=None, worker_name=None, analyse_flag=True
 
 
 class profile:
-    def __init__(self, *, activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
-                 profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
-                 experimental_config=None, execution_trace_observer=None, custom_trace_id_callback=None,
-                 use_cuda=None):
+    if _release.V2_1:
+        def __init__(self, *, activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
+                     profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
+                     experimental_config=None, use_cuda=None):
+            self._setup(activities, schedule, on_trace_ready, record_shapes, profile_memory, with_stack,
+                        with_flops, with_modules)
+    else:
+        def __init__(self, *, activities=None, schedule=None, on_trace_ready=None, record_shapes=False,
+                     profile_memory=False, with_stack=False, with_flops=False, with_modules=False,
+                     experimental_config=None, execution_trace_observer=None, custom_trace_id_callback=None,
+                     use_cuda=None):
+            self._setup(activities, schedule, on_trace_ready, record_shapes, profile_memory, with_stack,
+                        with_flops, with_modules)
+
+    def _setup(self, activities, schedule, on_trace_ready, record_shapes, profile_memory, with_stack, with_flops,
+               with_modules):
         acts = set(activities) if activities else supported_activities()
         torch_npu._record("profile", sorted(a.name for a in acts))
         self.activities = acts
@@ -169,6 +234,10 @@ class profile:
 
     def export_chrome_trace(self, output_path):
         torch_npu._record("export_chrome_trace", output_path)
+        if _release.V2_1 and not os.path.basename(output_path).endswith(".json"):
+            _print_msg("ERROR", "Call export_chrome_trace failed. Exception: Invalid parameter output_path, "
+                                "which must be a json file.")
+            return
         self._prof.export_chrome_trace(output_path)
 
     def add_metadata(self, key, value):

@@ -1,6 +1,6 @@
 """FAKE torch_npu.contrib.module.ChannelShuffle (test-only).
 
-Real (torch_npu 2.14.0, torch_npu/contrib/module/channel_shuffle.py):
+Real (torch_npu/contrib/module/channel_shuffle.py, the same file in 2.1.0.post17 and 2.14.0):
 ``ChannelShuffle(in_channels, groups=2, split_shuffle=True)``; ``forward(x1, x2)`` concatenates
 x1 and x2 on dim 1 and reorders the channels with index_select (the ShuffleNetV2 shuffle for two
 groups); with ``split_shuffle=True`` it returns the two halves of the result as a tuple, otherwise

@@ -1,4 +1,5 @@
-"""FAKE torch_npu.npu.amp (test-only): autocast and GradScaler with the torch_npu 2.14.0 signatures."""
+"""FAKE torch_npu.npu.amp (test-only): autocast and GradScaler with the signatures of the torch_npu release
+followed (torch_npu/_release.py)."""
 
 __all__ = ["autocast", "GradScaler"]
 

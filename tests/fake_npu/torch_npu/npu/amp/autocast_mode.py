@@ -1,7 +1,8 @@
 """FAKE torch_npu.npu.amp.autocast (test-only).
 
-Real (torch_npu 2.14.0): ``autocast(enabled=True, dtype=torch.float16, cache_enabled=True)``,
-a subclass of torch.amp.autocast_mode.autocast for device "npu". The fake runs torch's CPU
+Real (torch_npu/npu/amp/autocast_mode.py, the same class in 2.1.0.post17 and 2.14.0):
+``autocast(enabled=True, dtype=torch.float16, cache_enabled=True)``, a subclass of
+torch.amp.autocast_mode.autocast for device "npu". The fake runs torch's CPU
 autocast in bfloat16 (what CPU autocast is meant for) and records the dtype that was asked for.
 """
 
