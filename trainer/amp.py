@@ -47,6 +47,9 @@ def settle(cfg, kind):
         if unused:
             notes.append("{} {} no effect without --amp".format(" and ".join(unused),
                                                                "have" if len(unused) > 1 else "has"))
+        if cfg.world_size == 1 and devmod.guides_train_with_amp(kind) and not cfg.evaluate:
+            notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
+                         "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
         return cfg.replace(amp_impl="native", notes=cfg.notes + tuple(notes))
     impl = cfg.amp_impl
     if impl == "auto":

@@ -102,6 +102,13 @@ def read(path, what="checkpoint"):
         obj = devmod.torch_load(path, map_location=devmod.load_location())
         _held.update(key=key, obj=obj)
         return obj
+    except devmod.UnsafeCheckpoint as exc:
+        raise UsageError(
+            "{} '{}' holds Python objects beyond tensors and plain data{} and was not loaded: unpickling them could "
+            "run code. If you trust the file, keep its weights once: python3 -c \"import torch; c = torch.load('{}', "
+            "weights_only=False); torch.save({{'state_dict': c['state_dict'] if isinstance(c, dict) else "
+            "c.state_dict()}}, 'weights.pth')\" and pass weights.pth".format(
+                what, path, " ({})".format(exc.what) if exc.what else "", path))
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
             AttributeError, ImportError, IndexError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

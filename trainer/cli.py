@@ -6,6 +6,16 @@ import sys
 from trainer.errors import UsageError, one_line
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, except where it says nothing: a switch (``--amp``,
+    ``--no-validate``: its help says what it does, "(default: True)" only confuses) and an option left unset."""
+
+    def _get_help_string(self, action):
+        if isinstance(action.const, bool) or action.default is None:
+            return action.help
+        return argparse.ArgumentDefaultsHelpFormatter._get_help_string(self, action)
+
+
 class UsageParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
 
@@ -32,17 +42,22 @@ def number(cast, minimum, exclusive=False):
 
 
 def parse_loss_scale(text):
-    """``dynamic`` -> None; a positive number -> float."""
+    """``dynamic`` (or -1, the Ascend guides' parser's "-1 means dynamic") -> None; a positive number -> float."""
     if str(text).lower() == "dynamic":
         return None
+    try:
+        if float(text) == -1:
+            return None
+    except ValueError:
+        pass
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
+            "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(
-            "--loss-scale must be a positive number or 'dynamic', got '{}'".format(text))
+            "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
     return value
 
 

@@ -12,7 +12,7 @@ import re
 from typing import Optional, Tuple
 
 from trainer.device_names import DATA_BACKENDS, KIND_ALIASES, KINDS, canonical_kind
-from trainer.cli import UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
+from trainer.cli import HelpFormatter, UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
 from trainer.errors import UsageError
 
 DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
@@ -128,7 +128,7 @@ def build_parser():
         prog="main.py",
         description="ImageNet-style training and evaluation on Ascend NPU, CUDA or CPU "
                     "(a port of pytorch/examples' imagenet/main.py).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Exit codes: 0 the model trained (summary.json status ok); 1 a crash (failed); 2 a user error "
                "(one line on stderr); 4 the run diverged (status diverged: a non-finite training loss, more than "
                "50 consecutive float16 steps skipped for inf/NaN gradients, or non-finite weights; the last good "
@@ -187,9 +187,9 @@ def build_parser():
     d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
                    help="apex opt level, O1 or O2 (apex only)")
     d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,
-                   default=None, metavar="N|dynamic",
+                   default=None, metavar="N|dynamic|-1",
                    help="float16 loss scale: a number is held fixed (steps with inf/NaN gradients are still "
-                        "skipped), dynamic adapts it; default dynamic, except apex on NPU: 1024 (the Ascend "
+                        "skipped), dynamic (or -1, as in the Ascend guides) adapts it; default dynamic, except apex on NPU: 1024 (the Ascend "
                         "guide's default)")
     d.add_argument("--combine-ddp", action="store_true",
                    help="Ascend apex: all-reduce combined gradients inside apex (amp.initialize(combine_ddp="
@@ -359,6 +359,7 @@ def validate(ns, env, notes=(), explicit=()):
         recipes.get(ns.recipe)  # raises UsageError for unknown names
     from trainer import distributed
     dist = distributed.resolve_launch(ns, env)
+    notes = notes + dist["notes"]
     return Config(
         data=data, arch=ns.arch, model=model, model_impl=ns.model_impl, workers=ns.workers, epochs=ns.epochs, start_epoch=ns.start_epoch,
         batch_size=ns.batch_size, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,

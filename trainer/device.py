@@ -10,6 +10,7 @@ here with a fallback, so the rest of the trainer runs on torch 1.11 as on torch 
 import contextlib
 import inspect
 import os
+import pickle
 import platform
 import re
 import sys
@@ -203,6 +204,16 @@ def visible_devices_problem(kind):
 
 def default_backend(kind):
     return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[kind]
+
+
+def guides_train_with_amp(kind):
+    """Whether the porting guides always train on ``kind`` with --amp (a run without it gets a note)."""
+    return kind == "npu"
+
+
+def backend_owner(backend):
+    """The device kind whose own collective library ``backend`` is (hccl: npu, nccl: cuda), else None."""
+    return {"hccl": "npu", "nccl": "cuda"}.get(backend)
 
 
 # ---------------------------------------------------------------- capabilities
@@ -819,7 +830,23 @@ def torch_load(path, map_location="cpu", weights_only=True):
         kwargs["weights_only"] = weights_only
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-        return torch.load(path, **kwargs)
+        try:
+            return torch.load(path, **kwargs)
+        except pickle.UnpicklingError as exc:
+            text = str(exc)
+            if not text.startswith("Weights only load failed"):
+                raise
+            found = re.search(r"Unsupported (?:global: GLOBAL |class )([\w.]+)", text)
+            raise UnsafeCheckpoint(found.group(1) if found else None)
+
+
+class UnsafeCheckpoint(Exception):
+    """torch's weights-only loader refused a file: it holds Python objects beyond tensors and plain data
+    (``what``: the first such class, where torch names it), and unpickling them could run code."""
+
+    def __init__(self, what):
+        Exception.__init__(self, what)
+        self.what = what
 
 
 @contextlib.contextmanager

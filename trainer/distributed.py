@@ -80,11 +80,14 @@ def _place(ns, env):
     shell_loop = "RANK_SIZE" in env
     env_world = _env_int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") and not torchrun else None
     out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
-           "nodes": 1, "node_rank": 0, "procs_per_node": 1}
-    if ns.multiprocessing_distributed and (torchrun or shell_loop):
-        raise UsageError("--multiprocessing-distributed under {}: the launcher already starts one process per "
-                         "device; drop the flag".format("torchrun" if torchrun else "RANK_SIZE/RANK_ID"))
-    if ns.multiprocessing_distributed:
+           "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": ()}
+    spawn = ns.multiprocessing_distributed
+    if spawn and (torchrun or shell_loop):  # the guide's launch.py line passes it: the launcher's job
+        spawn = False
+        out["notes"] = ("--multiprocessing-distributed is ignored under {}: the launcher already started one "
+                        "process per device".format("torchrun / torch.distributed.launch" if torchrun
+                                                     else "RANK_SIZE/RANK_ID"),)
+    if spawn:
         nodes = ns.world_size if ns.world_size > 0 else 1
         node_rank = ns.rank if ns.rank >= 0 else 0
         if node_rank >= nodes:
@@ -151,6 +154,18 @@ def _place(ns, env):
     if out["launch"] != "single" and ns.gpu is not None:
         raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
     return out
+
+
+def settle_backend(cfg, kind):
+    """``cfg`` with a --dist-backend that names another device's collective library (the guides' hccl on a GPU
+    or CPU, nccl off CUDA) replaced by this device's own, and a note saying so."""
+    owner = devmod.backend_owner(cfg.dist_backend)
+    if owner is None or owner == kind:
+        return cfg
+    own = devmod.default_backend(kind)
+    return cfg.replace(dist_backend=own, notes=cfg.notes + (
+        "--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
+            cfg.dist_backend, owner.upper(), kind.upper() if kind != "cpu" else "the CPU", own),))
 
 
 def check_launch(cfg, kind):

@@ -37,6 +37,7 @@ def preflight(cfg):
     cfg = ampmod.settle(cfg.replace(device=kind), kind)
     if cfg.channels_last is None:
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
+    cfg = distributed.settle_backend(cfg, kind)
     cfg = cfg.replace(notes=cfg.notes + distributed.check_launch(cfg, kind))
     if cfg.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")

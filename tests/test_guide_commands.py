@@ -1,0 +1,112 @@
+"""The porting guides' commands as their users type them (seeds 000 and 002): each runs, or answers with one
+line; none stops with a traceback or a refusal the guide gives no reason for."""
+import argparse
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+
+from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
+from trainer import config, run
+
+pytestmark = pytest.mark.timeout(300)
+
+FAKE_NPU = os.path.join(ROOT, "tests", "fake_npu")  # the test-only fake Ascend stack (tests/fake_npu/README.md)
+
+STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "8", "--lr", "0.1", "--seed", "11",
+        "--device", "cpu", "--no-tensorboard"] + SMALL
+
+
+def parse(argv, env=None):
+    cfg, _ = config.parse_config([str(a) for a in argv], env={} if env is None else env)
+    return cfg
+
+
+@pytest.mark.parametrize("spelling", [["--loss-scale", "-1"], ["--loss_scale", "-1"], ["--loss-scale=-1.0"]])
+def test_loss_scale_minus_one_means_dynamic_as_in_the_guides_parser(spelling):
+    assert parse(["--dummy", "--amp"] + spelling).loss_scale is None
+    assert parse(["--dummy", "--amp", "--loss-scale", "128"]).loss_scale == 128.0
+
+
+def test_help_says_what_switches_do_without_default_true():
+    proc = run_main(["--help"], timeout=60)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())  # argparse wraps lines
+    for noise in ("(default: True)", "(default: False)", "(default: None)"):
+        assert noise not in text
+    assert "--no-validate skip validation" in text
+    assert "(default: 256)" in text  # a real default is still shown (-b)
+
+
+@pytest.mark.parametrize("env", [
+    {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+    {"RANK_SIZE": "2", "RANK_ID": "1"},
+], ids=["torchrun", "rank_size"])
+def test_multiprocessing_distributed_under_a_launcher_is_ignored_with_a_note(env):
+    cfg = parse(["--dummy", "--multiprocessing-distributed", "-b", "8"], env)
+    assert cfg.launch == "process" and cfg.world_size == 2 and cfg.rank == 1
+    assert any("--multiprocessing-distributed is ignored" in n for n in cfg.notes), cfg.notes
+
+
+def test_another_devices_backend_is_replaced_by_this_devices_own_with_a_note():
+    for asked in ("hccl", "nccl"):
+        cfg = run.preflight(parse(["--dummy", "--device", "cpu", "--dist-backend", asked, "--world-size", "2",
+                                   "--rank", "0", "-b", "8"]))
+        assert cfg.dist_backend == "gloo"
+        assert any(n.startswith("--dist-backend {} is the".format(asked)) and n.endswith("using gloo")
+                   for n in cfg.notes), cfg.notes
+    assert run.preflight(parse(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])).dist_backend == "gloo"
+
+
+@RANKS
+def test_the_guides_launch_py_command_with_hccl_trains_on_cpu(tmp_path):
+    """000 "Python命令启动方式": python3 -m torch.distributed.launch --nproc_per_node N main.py DIR
+    --multiprocessing-distributed ... --dist-backend 'hccl', here on 2 CPU processes."""
+    from tools.make_dataset import generate
+    data = generate(str(tmp_path / "d"), classes=4, train_per_class=4, val_per_class=2, size=32, seed=2)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([PY, "-m", "torch.distributed.launch", "--nproc_per_node", "2", os.path.join(ROOT, "main.py"),
+                           data, "--output-dir", str(tmp_path / "o"), "--multiprocessing-distributed",
+                           "--dist-backend", "hccl"] + STEP, env=env, capture_output=True, text=True, timeout=240,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "--multiprocessing-distributed is ignored under torchrun / torch.distributed.launch" in proc.stdout
+    assert "--dist-backend hccl is the NPU collective library" in proc.stdout
+    s = read_summary(tmp_path / "o")
+    assert s["status"] == "ok" and s["world_size"] == 2
+
+
+def test_a_checkpoint_holding_python_objects_is_refused_in_our_words(tmp_path):
+    path = tmp_path / "examples_style.pth.tar"  # e.g. a checkpoint that kept the argparse Namespace
+    torch.save({"state_dict": torch.nn.Linear(2, 2).state_dict(), "args": argparse.Namespace(lr=0.1)}, str(path))
+    before = path.read_bytes()
+    for flag in ("--pretrained", "--resume"):
+        proc = run_main(["--dummy", flag, str(path), "--output-dir", str(tmp_path / "o")], timeout=120)
+        line = assert_one_line_error(proc, "'{}' holds Python objects beyond tensors and plain data".format(path),
+                                     "argparse.Namespace", "unpickling them could run code", "weights.pth")
+        assert "Re-running" not in line and "set to `False`" not in line
+    assert path.read_bytes() == before and not os.path.exists(str(tmp_path / "o" / "summary.json"))
+
+
+def _npu_preflight_notes(*argv):
+    """run.preflight's notes for ``argv`` on the fake NPU host (in a child: importing it changes torch)."""
+    script = ("import json, sys; from trainer import config, run; cfg, _ = config.parse_config(sys.argv[1:], env={}); "
+              "print(json.dumps(list(run.preflight(cfg).notes)))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE_NPU, ROOT]), FAKE_NPU_DEVICE_COUNT="8")
+    proc = subprocess.run([PY, "-c", script] + list(argv), env=env, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_single_npu_run_without_amp_gets_a_note_and_stays_float32():
+    notes = [n for n in _npu_preflight_notes("--dummy", "--device", "npu") if "--amp" in n]
+    assert len(notes) == 1 and notes[0].startswith("no --amp: training in float32"), notes
+    assert "the Ascend guides train on NPU with --amp" in notes[0]
+    assert not [n for n in _npu_preflight_notes("--dummy", "--device", "npu", "--amp") if "no --amp" in n]
+    assert not [n for n in _npu_preflight_notes("--dummy", "--device", "npu", "--multiprocessing-distributed",
+                                                 "--device-list", "0,1") if "no --amp" in n]
+    assert not [n for n in run.preflight(parse(["--dummy", "--device", "cpu"])).notes if "no --amp" in n]
