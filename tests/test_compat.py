@@ -213,8 +213,10 @@ VERMIN_ARGS = ["--no-config-file", "--no-make-paths-absolute", "--format", "pars
 
 
 def vermin_command():
+    """vermin run by this Python where it is installed here (it has no ``python -m vermin`` entry: its package
+    lacks __main__), else the ``vermin`` on PATH; None if neither."""
     if importlib.util.find_spec("vermin") is not None:
-        return [sys.executable, "-m", "vermin"]
+        return [sys.executable, "-c", "import sys, vermin; sys.exit(vermin.main())"]
     found = shutil.which("vermin")
     return [found] if found else None
 

@@ -165,7 +165,7 @@ def settle_backend(cfg, kind):
     own = devmod.default_backend(kind)
     return cfg.replace(dist_backend=own, notes=cfg.notes + (
         "--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
-            cfg.dist_backend, owner.upper(), kind.upper() if kind != "cpu" else "the CPU", own),))
+            cfg.dist_backend, owner.upper(), kind.upper(), own),))
 
 
 def check_launch(cfg, kind):
