@@ -4,11 +4,12 @@ import argparse
 import json
 import os
 import subprocess
+import time
 
 import pytest
 import torch
 
-from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
+from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_lines, read_summary, run_main
 from trainer import config, run
 
 pytestmark = pytest.mark.timeout(300)
@@ -110,3 +111,32 @@ def test_single_npu_run_without_amp_gets_a_note_and_stays_float32():
     assert not [n for n in _npu_preflight_notes("--dummy", "--device", "npu", "--multiprocessing-distributed",
                                                  "--device-list", "0,1") if "no --amp" in n]
     assert not [n for n in run.preflight(parse(["--dummy", "--device", "cpu"])).notes if "no --amp" in n]
+
+
+@RANKS
+def test_a_rank_waiting_alone_at_the_rendezvous_says_so(tmp_path):
+    """000 "Shell脚本方式" printed without '&': rank 0 starts alone and the loop waits for it. Within seconds it says
+    which rank it is, for how many it waits, where, and that the others must be started in the background."""
+    from tools.make_dataset import generate
+    data = generate(str(tmp_path / "d"), classes=2, train_per_class=4, val_per_class=2, size=32, seed=2)
+    port = str(run.distributed.free_port())
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=port)
+    for k in ("RANK", "WORLD_SIZE", "RANK_SIZE", "RANK_ID", "TORCHELASTIC_RUN_ID"):
+        env.pop(k, None)
+    p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data, "--output-dir", str(tmp_path / "o"),
+                          "--rank", "0", "--world-size", "1", "--dist-url", "env://", "--dist-backend", "hccl",
+                          "--multiprocessing-distributed", "--device-list", "0,1"] + STEP,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    try:
+        t0 = time.monotonic()
+        lines = read_lines(p, lambda lines: "at the rendezvous" in lines[-1], timeout=90)
+        waited = time.monotonic() - t0
+    finally:
+        p.kill()
+        p.communicate()
+    line = lines[-1]
+    assert line.startswith("note: rank 0 of 2 waiting"), line
+    assert "127.0.0.1:{}".format(port) in line and "for the other 1 process(es)" in line
+    assert "in the background" in line and "--dist-timeout 1800" in line
+    assert waited < 60  # the wait itself lasts until --dist-timeout

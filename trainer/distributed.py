@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -465,6 +466,49 @@ class Dist:
             self.active = False
 
 
+WAIT_FIRST, WAIT_EVERY = 10.0, 30.0  # seconds at the rendezvous before the first "waiting" line, then between
+
+
+class _SayWhileWaiting:
+    """While this rank waits at the rendezvous: a line on stdout after WAIT_FIRST seconds, then every WAIT_EVERY,
+    saying which rank this is, for how many it waits, where, and what usually keeps them (the guide's shell loop
+    printed without ``&`` starts the next rank only after this one ends). The wait still ends at --dist-timeout."""
+
+    def __init__(self, cfg):
+        self.cfg, self.done, self.thread = cfg, threading.Event(), None
+
+    def line(self, waited):
+        cfg = self.cfg
+        where = "{}:{}".format(cfg.addr, cfg.port) if cfg.dist_url.startswith("env://") else cfg.dist_url
+        if cfg.launch == "spawn":
+            hint = "start the other nodes with the same --addr and --port"
+        elif os.environ.get("TORCHELASTIC_RUN_ID"):
+            hint = "torchrun starts the others; check the other nodes' launch"
+        else:
+            hint = ("start the other ranks in the background (end each 'python3 main.py ...' line of a loop with &), "
+                    "or they never start while this one waits")
+        return ("note: rank {} of {} waiting {:.0f} s at the rendezvous {} for the other {} process(es): {}; "
+                "giving up after --dist-timeout {:g} s".format(cfg.rank, cfg.world_size, waited, where,
+                                                              cfg.world_size - 1, hint, cfg.dist_timeout))
+
+    def _run(self):
+        t0, wait = time.time(), WAIT_FIRST
+        while not self.done.wait(wait):
+            sys.stdout.write(self.line(time.time() - t0) + "\n")
+            sys.stdout.flush()
+            wait = WAIT_EVERY
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self._run, name="rendezvous-wait", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        return False
+
+
 def init(cfg, device):
     """Join the process group (after the device is set); returns a Dist."""
     if cfg.world_size <= 1 or cfg.launch == "single":
@@ -474,9 +518,10 @@ def init(cfg, device):
         os.environ["MASTER_ADDR"] = cfg.addr
         os.environ["MASTER_PORT"] = str(cfg.port)
     try:
-        torch.distributed.init_process_group(
-            backend=backend, init_method=cfg.dist_url, world_size=cfg.world_size, rank=cfg.rank,
-            timeout=datetime.timedelta(seconds=cfg.dist_timeout))
+        with _SayWhileWaiting(cfg):
+            torch.distributed.init_process_group(
+                backend=backend, init_method=cfg.dist_url, world_size=cfg.world_size, rank=cfg.rank,
+                timeout=datetime.timedelta(seconds=cfg.dist_timeout))
     except (RuntimeError, ValueError) as exc:
         text = str(exc)
         if "in use" in text.lower() or "EADDRINUSE" in text:
