@@ -140,3 +140,45 @@ def test_a_rank_waiting_alone_at_the_rendezvous_says_so(tmp_path):
     assert "127.0.0.1:{}".format(port) in line and "for the other 1 process(es)" in line
     assert "in the background" in line and "--dist-timeout 1800" in line
     assert waited < 60  # the wait itself lasts until --dist-timeout
+
+
+def _address_space(limit):
+    def cap():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return cap
+
+
+def test_out_of_memory_is_one_line_with_the_batch_and_the_fix_and_keeps_the_checkpoint(tmp_path):
+    """001's FAQ: out of device memory, lower the batch. Here a real allocation failure: the run's address space
+    capped at 4 GiB (enough for torch and the model, not for ResNet18's activations at 256 x 224 px)."""
+    small = ["--dummy", "-a", "resnet18", "--device", "cpu", "--no-validate", "--no-tensorboard", "--max-steps-per-epoch",
+             "1", "--seed", "1", "-j", "0"]
+    first = run_main(small + ["--epochs", "1", "-b", "4", "--train-crop-size", "32", "--output-dir", str(tmp_path)])
+    assert first.returncode == 0, first.stderr[-2000:]
+    ckpt = tmp_path / "checkpoint.pth.tar"
+    before = ckpt.read_bytes()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run([PY, os.path.join(ROOT, "main.py")] + small + [
+        "--epochs", "2", "-b", "256", "--train-crop-size", "224", "--resume", "auto", "--output-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=240, cwd=ROOT, preexec_fn=_address_space(4 * 2 ** 30))
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: out of memory on cpu at 256 images per device"), err
+    assert "lower -b" in err[0] and "resnet18, 224 px" in err[0]
+    s = read_summary(tmp_path)
+    assert s["status"] == "failed" and s["error"] == err[0][len("error: "):]
+    assert ckpt.read_bytes() == before
+
+
+def test_out_of_memory_is_recognised_on_every_device():
+    from trainer import device as devmod
+    assert devmod.out_of_memory(MemoryError())
+    for text in ("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.11 GiB total capacity)",
+                 "NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 30.21 GiB total capacity)",
+                 "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "
+                 "allocate 154140672 bytes. Error code 12 (Cannot allocate memory)"):
+        assert devmod.out_of_memory(RuntimeError(text)), text
+    assert not devmod.out_of_memory(RuntimeError("shape mismatch"))
+    assert not devmod.out_of_memory(ValueError("out of memory"))  # only the allocators' RuntimeError

@@ -206,6 +206,21 @@ def default_backend(kind):
     return {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}[kind]
 
 
+_OUT_OF_MEMORY = ("out of memory",  # CUDA ("CUDA out of memory"), torch_npu ("NPU out of memory")
+                  "can't allocate memory")  # the CPU allocator ("DefaultCPUAllocator: can't allocate memory")
+
+
+def out_of_memory(exc):
+    """Whether ``exc`` is an allocation that failed on the device or the host: torch.cuda.OutOfMemoryError
+    (torch >= 1.13), a RuntimeError with the allocator's words (older torch, torch_npu, the CPU), MemoryError."""
+    if isinstance(exc, MemoryError):
+        return True
+    cuda_oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    if cuda_oom is not None and isinstance(exc, cuda_oom):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc) for t in _OUT_OF_MEMORY)
+
+
 def guides_train_with_amp(kind):
     """Whether the porting guides always train on ``kind`` with --amp (a run without it gets a note)."""
     return kind == "npu"

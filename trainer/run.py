@@ -136,6 +136,12 @@ def worker(cfg):
         _finish(rs, "failed", one_line(exc))
         return cli.report(exc)
     except BaseException as exc:
+        if devmod.out_of_memory(exc):
+            line = out_of_memory_line(cfg, device)
+            _finish(rs, "failed", line)
+            sys.stderr.write("error: {}\n".format(line))
+            sys.stderr.flush()
+            return 1
         _finish(rs, "failed", "{}: {}".format(type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""))
         raise
     finally:
@@ -146,6 +152,17 @@ def interrupted_line(cfg):
     if cfg.evaluate:
         return "interrupted: the evaluation stopped; nothing in '{}' was changed but its summary".format(cfg.output_dir)
     return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(cfg.output_dir)
+
+
+def out_of_memory_line(cfg, device):
+    """The one line for a run that ran out of device (or host) memory: where, at which batch, what to change."""
+    per_device = cfg.batch_size // max(1, cfg.world_size)
+    fixes = ["lower -b (now {} global{})".format(cfg.batch_size, ", {} per device".format(per_device)
+                                                  if cfg.world_size > 1 else "")]
+    if not cfg.amp and device.resolve_amp_dtype("auto")[0] is not None:
+        fixes.append("add --amp (half-size activations)")
+    return ("out of memory on {} at {} images per device ({}, {} px): {}; the checkpoints are those of the last "
+            "finished epoch".format(device.name, per_device, cfg.arch, cfg.train_crop_size, ", or ".join(fixes)))
 
 
 def _finish(rs, status, error, **fields):
