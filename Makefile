@@ -9,7 +9,7 @@ PY_COMPAT    := $(VENV_COMPAT)/bin/python
 STAMP_COMPAT := $(VENV_COMPAT)/.installed
 # pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
 # marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
-PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs tests
+PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
 
 .PHONY: install install-compat test test-compat demo lint clean-demo check-device
 
