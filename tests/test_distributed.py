@@ -17,7 +17,8 @@ pytestmark = RANKS
 
 # one optimizer step of a BN-free model, then a full validation pass
 STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "8", "--lr", "0.1",
-        "--momentum", "0.9", "--wd", "1e-4", "--seed", "11", "--device", "cpu"] + SMALL
+        "--momentum", "0.9", "--wd", "1e-4", "--seed", "11", "--device", "cpu",
+        "--dist-timeout", "120"] + SMALL  # a rendezvous that cannot complete fails in 2 minutes with torch's reason
 
 
 @pytest.fixture(scope="module")
