@@ -1,7 +1,8 @@
 """Model registry: torchvision's classification models plus this project's variants.
 
 ``get_model(name, num_classes=1000, **kwargs)`` builds a model by name, randomly initialised
-(weights files are the trainer's business: trainer/checkpoint.py); nothing is ever downloaded.
+(weights files are the trainer's business: trainer/checkpoint.py); nothing is ever downloaded here.
+``published_weights_url(name)`` says where torchvision publishes ImageNet weights for a name.
 ``list_models()`` gives every name, for ``--help`` and for suggestions.
 """
 import difflib
@@ -93,3 +94,21 @@ def get_model(name, num_classes=1000, **kwargs):
     else:
         raise UnknownModelError(unknown_message(name))
     return model
+
+
+def published_weights_url(name):
+    """The address of torchvision's published ImageNet weights for ``name`` (this project's variants share
+    their torchvision network's), or None where torchvision publishes none."""
+    base = {v: k for k, v in VARIANTS.items()}.get(name, name)
+    models = _torchvision_models()
+    if hasattr(models, "get_model_weights"):  # torchvision >= 0.14
+        try:
+            weights = models.get_model_weights(base)
+        except (ValueError, KeyError):
+            return None
+        default = getattr(weights, "DEFAULT", None)
+        return default.url if default is not None else None
+    import sys  # torchvision 0.12 (the Ascend 1.11 stack): each builder's module has its model_urls
+    builder = models.__dict__.get(base)
+    urls = getattr(sys.modules.get(getattr(builder, "__module__", ""), None), "model_urls", {})
+    return urls.get(base)

@@ -182,3 +182,38 @@ def test_out_of_memory_is_recognised_on_every_device():
         assert devmod.out_of_memory(RuntimeError(text)), text
     assert not devmod.out_of_memory(RuntimeError("shape mismatch"))
     assert not devmod.out_of_memory(ValueError("out of memory"))  # only the allocators' RuntimeError
+
+
+def _published_file(torch_home, arch):
+    """torchvision's weights file for ``arch`` placed in ``torch_home`` as torchvision's cache holds it (here
+    seeded random weights: the test is offline), and the state dict it holds."""
+    import models
+    import torchvision
+    url = models.published_weights_url(arch)
+    folder = os.path.join(str(torch_home), "hub", "checkpoints")
+    os.makedirs(folder)
+    torch.manual_seed(7)
+    sd = torchvision.models.__dict__[arch]().state_dict()
+    torch.save(sd, os.path.join(folder, os.path.basename(url)))
+    return sd
+
+
+def test_bare_pretrained_loads_torchvisions_weights_from_its_cache_and_starts_a_new_classifier(shapes, tmp_path):
+    """pytorch/examples' `main.py -a resnet18 --pretrained DIR` (its --pretrained takes no value), offline, with
+    the file in TORCH_HOME; the data has 10 classes, the weights 1000."""
+    sd = _published_file(tmp_path / "th", "resnet18")
+    proc = run_main(["-a", "resnet18", "--pretrained", shapes, "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "4",
+                     "--lr", "0", "--wd", "0", "--no-validate", "--no-tensorboard", "--output-dir", str(tmp_path / "o"),
+                     "--device", "cpu"] + SMALL, env={"TORCH_HOME": str(tmp_path / "th")}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [l for l in proc.stdout.splitlines() if l.startswith("note: --pretrained")]
+    assert len(notes) == 1 and "1000 classes and this model has 10" in notes[0] and "fc.weight, fc.bias" in notes[0]
+    mine = torch.load(str(tmp_path / "o" / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    assert torch.equal(mine["conv1.weight"], sd["conv1.weight"])  # lr 0: the loaded backbone, unchanged
+    assert torch.equal(mine["layer4.1.conv2.weight"], sd["layer4.1.conv2.weight"])
+    assert tuple(mine["fc.weight"].shape) == (10, 512)
+
+
+def test_bare_pretrained_for_a_model_torchvision_has_no_weights_for_is_one_line(tmp_path):
+    proc = run_main(["--dummy", "-a", "tiny_cnn", "--pretrained", "--output-dir", str(tmp_path)], timeout=120)
+    assert_one_line_error(proc, "torchvision publishes no weights for -a tiny_cnn", "--pretrained FILE")

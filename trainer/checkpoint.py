@@ -16,7 +16,7 @@ import zipfile
 import torch
 
 from trainer import device as devmod
-from trainer.errors import UsageError
+from trainer.errors import UsageError, one_line
 
 CHECKPOINT = "checkpoint.pth.tar"
 BEST = "model_best.pth.tar"
@@ -145,11 +145,44 @@ def check_fits(model, sd, what):
         raise UsageError("{}: {}; check --arch and --num-classes".format(what, "; ".join(parts)))
 
 
-def load_weights_into(model, path):
-    """--pretrained / registry weights: strict load with a one-line explanation on mismatch."""
+def load_weights_into(model, path, published=False):
+    """--pretrained FILE: strict load with a one-line explanation on mismatch. ``published`` (torchvision's
+    weights, --pretrained alone): a classifier of another class count is left as built (newly initialised)
+    and the note saying so is returned."""
     sd = state_dict_of(read(path, "weights file"), path)
+    note = None
+    if published:
+        own = model.state_dict()
+        head = [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k].shape)
+                and sd[k].dim() >= 1 and own[k].dim() >= 1 and sd[k].shape[1:] == own[k].shape[1:]]
+        if head:
+            note = "--pretrained: torchvision's weights are for {} classes and this model has {}: the backbone is " \
+                   "loaded, the classifier ({}) starts newly initialised".format(
+                       sd[head[0]].shape[0], own[head[0]].shape[0], ", ".join(head))
+            sd = dict((k, own[k] if k in head else v) for k, v in sd.items())
     check_fits(model, sd, "weights '{}' do not fit this model".format(path))
     model.load_state_dict(sd, strict=True)
+    return note
+
+
+def published_weights(arch, model):
+    """The local file of torchvision's published weights for ``model`` (-a ``arch``): in torchvision's own cache
+    (TORCH_HOME/hub/checkpoints), downloaded there first when it is missing."""
+    import models as registry
+    url = registry.published_weights_url(model)
+    if url is None:
+        raise UsageError("--pretrained: torchvision publishes no weights for -a {}; pass --pretrained FILE".format(arch))
+    folder = os.path.join(torch.hub.get_dir(), "checkpoints")
+    path = os.path.join(folder, os.path.basename(url.split("?")[0]))
+    if not os.path.exists(path):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            torch.hub.download_url_to_file(url, path, progress=False)
+        except Exception as exc:  # offline, refused, a full disk: the user can put the file there by hand
+            raise UsageError("--pretrained: torchvision's weights for -a {} are not in {} and could not be downloaded "
+                             "({}); copy {} there, or pass --pretrained FILE".format(
+                                 arch, folder, one_line(exc) or type(exc).__name__, url))
+    return path
 
 
 def resolve_resume(resume, output_dir):

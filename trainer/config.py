@@ -84,6 +84,7 @@ class Config:
     broadcast_buffers: bool
     dist_timeout: float
     combine_ddp: bool = False
+    pretrained_published: bool = False  # --pretrained alone: torchvision's published weights (``pretrained``: the file)
     explicit: Tuple[str, ...] = ()  # the flags given on the command line (their argparse dests)
     notes: Tuple[str, ...] = ()  # how the command line was adapted (logged at the start of the run)
 
@@ -161,8 +162,10 @@ def build_parser():
     g.add_argument("--resume", default=None, metavar="PATH",
                    help="checkpoint to continue from, or 'auto' for the newest one in --output-dir")
     g.add_argument("-e", "--evaluate", action="store_true", help="evaluate the model on val/ and stop")
-    g.add_argument("--pretrained", default=None, metavar="FILE",
-                   help="initial weights: a local state dict or checkpoint file (nothing is downloaded)")
+    g.add_argument("--pretrained", nargs="?", const=PUBLISHED, default=None, metavar="FILE",
+                   help="initial weights: alone, torchvision's published ImageNet weights for -a (from torchvision's "
+                        "cache under TORCH_HOME, downloaded there when missing; a different --num-classes keeps the "
+                        "backbone and starts a new classifier); with FILE, a local state dict or checkpoint file")
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
     g.add_argument("--gpu", type=number(int, 0), default=None,
                    help="device index for a single-process run (any device kind)")
@@ -310,8 +313,14 @@ def parse_config(argv=None, env=None):
     return validate(ns, env, tuple(notes), explicit), ns
 
 
+PUBLISHED = "\0published"  # --pretrained given without FILE (argparse's const; no path can hold a NUL)
+
+
 def validate(ns, env, notes=(), explicit=()):
     import models
+    if ns.pretrained not in (None, PUBLISHED) and os.path.isdir(ns.pretrained) and not ns.data:
+        # pytorch/examples' `main.py --pretrained DIR`: there --pretrained takes no value, so the folder is DIR
+        ns.data, ns.pretrained = ns.pretrained, PUBLISHED
     device_list, order_note = _normalise_device_list(ns.device_list)
     if order_note:
         notes = notes + (order_note,)
@@ -363,7 +372,8 @@ def validate(ns, env, notes=(), explicit=()):
     return Config(
         data=data, arch=ns.arch, model=model, model_impl=ns.model_impl, workers=ns.workers, epochs=ns.epochs, start_epoch=ns.start_epoch,
         batch_size=ns.batch_size, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
-        print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, pretrained=ns.pretrained,
+        print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
+        pretrained_published=ns.pretrained == PUBLISHED,
         seed=ns.seed, dummy=ns.dummy, device=canonical_kind(ns.device), device_index=ns.gpu, amp=ns.amp,
         amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
         label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,

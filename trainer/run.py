@@ -43,6 +43,8 @@ def preflight(cfg):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.dummy:
         data.check_data_root(cfg.data, need_train=not cfg.evaluate)
+    if cfg.pretrained_published:
+        cfg = cfg.replace(pretrained=checkpoint.published_weights(cfg.arch, cfg.model))
     if cfg.pretrained is not None:
         checkpoint.read(cfg.pretrained, "weights file")
     resume = checkpoint.resolve_resume(cfg.resume, cfg.output_dir)
@@ -208,7 +210,7 @@ def build(cfg, device, dist, log, rs):
     if cfg.num_classes is not None and info.classes is not None and cfg.num_classes < info.num_classes:
         raise UsageError("--num-classes {} is below the {} class folders in the data".format(
             cfg.num_classes, info.num_classes))
-    model = build_model(cfg, num_classes, device, world)
+    model = build_model(cfg, num_classes, device, world, log)
     precision = ampmod.resolve(cfg, device)
     log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
         "| amp {} | data {} ({} classes, {} train / {} val images, {} backend, {} workers per process)".format(
@@ -252,7 +254,9 @@ def build(cfg, device, dist, log, rs):
     return job
 
 
-def build_model(cfg, num_classes, device, world):
+def build_model(cfg, num_classes, device, world, log=None):
+    """The model on ``device``: built, its --pretrained weights loaded (a note about them goes to ``log``),
+    SyncBatchNorm where asked, channels-last where chosen."""
     kwargs = {"zero_init_residual": True} if cfg.zero_init_residual else {}
     try:
         model = models.get_model(cfg.model, num_classes=num_classes, **kwargs)
@@ -260,7 +264,9 @@ def build_model(cfg, num_classes, device, world):
         raise UsageError("--arch {} does not take this option ({}); --zero-init-residual is for ResNets".format(
             cfg.arch, str(exc).splitlines()[0]))
     if cfg.pretrained is not None:
-        checkpoint.load_weights_into(model, cfg.pretrained)
+        note = checkpoint.load_weights_into(model, cfg.pretrained, published=cfg.pretrained_published)
+        if note and log is not None:
+            log("note: " + note)
     if hasattr(model, "set_index_dtype"):
         model.set_index_dtype(device.index_dtype)
     if cfg.sync_bn and world > 1:
