@@ -217,3 +217,25 @@ def test_bare_pretrained_loads_torchvisions_weights_from_its_cache_and_starts_a_
 def test_bare_pretrained_for_a_model_torchvision_has_no_weights_for_is_one_line(tmp_path):
     proc = run_main(["--dummy", "-a", "tiny_cnn", "--pretrained", "--output-dir", str(tmp_path)], timeout=120)
     assert_one_line_error(proc, "torchvision publishes no weights for -a tiny_cnn", "--pretrained FILE")
+
+
+def test_loss_alignment_against_a_reference_run_passes_alike_runs_and_fails_a_diverging_one(shapes, tmp_path):
+    """001's precision chapter: train part of the epochs and align the loss with the reference (GPU) run's."""
+    from conftest import run_tool
+    common = [shapes, "-a", "tiny_cnn", "--epochs", "2", "-b", "8", "--seed", "5", "--device", "cpu",
+              "--no-tensorboard", "--max-steps-per-epoch", "6"] + SMALL
+    for name, lr in (("ref", "0.05"), ("same", "0.05"), ("other", "0.5")):
+        proc = run_main(common + ["--lr", lr, "--output-dir", str(tmp_path / name)], timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    ok = run_tool("acceptance.py", ["align", "--run", str(tmp_path / "same"), "--reference", str(tmp_path / "ref")])
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lines = ok.stdout.strip().splitlines()
+    assert [l.split(":")[1].strip() for l in lines[:2]] == ["epoch 0", "epoch 1"]
+    assert all(" PASS train_loss " in l and "relative difference 0.000" in l and "Acc@1" in l for l in lines[:2])
+    assert lines[-1].startswith("align: PASS (2 epoch(s) compared")
+    bad = run_tool("acceptance.py", ["align", "--run", str(tmp_path / "other"), "--reference", str(tmp_path / "ref"),
+                                     "--epochs", "1", "--loss-rtol", "0.001"])  # 10x the LR: the loss moves apart
+    assert bad.returncode == 3, bad.stdout + bad.stderr
+    assert "align: epoch 0: FAIL" in bad.stdout and bad.stdout.strip().splitlines()[-1].startswith("align: FAIL")
+    missing = run_tool("acceptance.py", ["align", "--run", str(tmp_path), "--reference", str(tmp_path / "ref")])
+    assert_one_line_error(missing, "has no metrics.jsonl")

@@ -85,7 +85,6 @@ def test_resolve_launch(argv, env, expected):
 
 @pytest.mark.parametrize("argv,env,fragment", [
     (["-b", "10", "--multiprocessing-distributed", "--device-list", "0-3"], {}, "does not divide over 4"),
-    (["--multiprocessing-distributed"], {"RANK": "0", "WORLD_SIZE": "2"}, "under torchrun"),
     ([], {"RANK_ID": "8", "RANK_SIZE": "8"}, "outside a world of 8"),
     ([], {"RANK": "x", "WORLD_SIZE": "2"}, "is not a whole number"),
     (["--world-size", "2", "--rank", "1", "--gpu", "0"], {}, "--gpu picks the device"),
@@ -93,7 +92,6 @@ def test_resolve_launch(argv, env, expected):
     ([], {"WORLD_SIZE": "2"}, "WORLD_SIZE=2 is set but nothing says which process this is"),
     ([], {"WORLD_SIZE": "2", "LOCAL_RANK": "2"}, "LOCAL_RANK 2 is outside WORLD_SIZE=2"),
     (["--local_rank", "0"], {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "--local_rank 0 and LOCAL_RANK=1 disagree"),
-    (["--multiprocessing-distributed"], {"RANK_SIZE": "2", "RANK_ID": "0"}, "under RANK_SIZE/RANK_ID"),
     (["--multiprocessing-distributed", "--device-list", "0,1"], {"LOCAL_RANK": "2"}, "2 process slot"),
 ])
 def test_resolve_launch_rejects(argv, env, fragment):

@@ -11,6 +11,10 @@
 report   prints ModelZoo's three result lines and writes ``<CaseName>.log`` (ModelZoo's keys, one
          ``key = value`` per line) next to summary.json; with --baseline it then runs the check.
 check    one PASS / FAIL / SKIP line per metric against a baseline table; exit 3 on any FAIL.
+align    a run against a reference run (the guides' loss alignment: part of the epochs on the NPU against
+         the GPU's): per common epoch, the mean training loss within --loss-rtol (0.05) of the reference's and
+         Acc@1 at most --acc-tolerance below it; one PASS / FAIL line per epoch; exit 3 on any FAIL.
+             python3 tools/acceptance.py align --run NPU_OUT --reference GPU_OUT [--epochs 5]
 baseline checks, before a run, that the table has an entry for the arch x rank size.
 
 Baseline tables are JSON (``baselines/published.json`` is the shipped one; ``published`` names it)
@@ -307,6 +311,48 @@ def run_check(summary, spec, arch, rank_size, mode, acc_tolerance=None, fps_rati
     return EXIT_FAIL if failed else EXIT_OK
 
 
+# ---------------------------------------------------------------- loss alignment with a reference run
+
+DEFAULT_LOSS_RTOL = 0.05  # relative difference of an epoch's mean training loss
+
+
+def _epoch_records(folder):
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from trainer.observe import METRICS, read_records  # the trainer's own reader (a torn last line is ignored)
+    path = os.path.join(folder, METRICS)
+    if not os.path.isfile(path):
+        raise AcceptanceError("'{}' has no metrics.jsonl: give the --output-dir of a run".format(folder))
+    return {r["epoch"]: r for r in read_records(path) if isinstance(r.get("epoch"), int)}
+
+
+def run_align(run, reference, loss_rtol, acc_tolerance, epochs, out):
+    """The porting guides' precision check (001: train part of the epochs and align the loss with the GPU's):
+    per epoch both runs have, the mean training loss within ``loss_rtol`` of the reference's and, where both
+    validated, Acc@1 at most ``acc_tolerance`` points below it. One line per epoch; exit 3 on any FAIL."""
+    mine, ref = _epoch_records(run), _epoch_records(reference)
+    common = sorted(set(mine) & set(ref))[:epochs]
+    if not common:
+        raise AcceptanceError("'{}' and '{}' have no epoch in common to compare".format(run, reference))
+    failed = []
+    for e in common:
+        a, b = mine[e], ref[e]
+        rel = abs(a["train_loss"] - b["train_loss"]) / max(abs(b["train_loss"]), 1e-12)
+        parts, ok = ["train_loss {:.4f} vs {:.4f} (relative difference {:.3f}, limit {:g})".format(
+            a["train_loss"], b["train_loss"], rel, loss_rtol)], rel <= loss_rtol
+        if a.get("val_acc1") is not None and b.get("val_acc1") is not None:
+            ok = ok and a["val_acc1"] >= b["val_acc1"] - acc_tolerance
+            parts.append("Acc@1 {:.2f} vs {:.2f} (at most {:g} below)".format(a["val_acc1"], b["val_acc1"],
+                                                                             acc_tolerance))
+        if not ok:
+            failed.append(e)
+        out.write("align: epoch {}: {} {}\n".format(e, "PASS" if ok else "FAIL", "; ".join(parts)))
+    out.write("align: {} ({} epoch(s) compared with '{}')\n".format(
+        "FAIL: epoch(s) " + ", ".join(map(str, failed)) if failed else "PASS", len(common), reference))
+    out.flush()
+    return EXIT_FAIL if failed else EXIT_OK
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -342,6 +388,14 @@ def _parser():
     c.add_argument("--mode", choices=MODES, required=True)
     baseline_args(c, required=True)
 
+    a = sub.add_parser("align", help="a run's loss epoch by epoch against a reference run's; exit 3 on FAIL")
+    a.add_argument("--run", required=True, help="the run's --output-dir (its metrics.jsonl)")
+    a.add_argument("--reference", required=True, help="the reference run's --output-dir, e.g. the GPU's")
+    a.add_argument("--loss-rtol", type=float, default=DEFAULT_LOSS_RTOL,
+                   help="relative difference allowed in an epoch's mean training loss (default 0.05)")
+    a.add_argument("--acc-tolerance", default=None, help="points of Acc@1 below the reference (default 1.0)")
+    a.add_argument("--epochs", type=int, default=None, help="compare only the first N common epochs")
+
     b = sub.add_parser("baseline", help="check before a run that the table has an entry to compare with")
     b.add_argument("--rank-size", type=int, required=True)
     b.add_argument("--mode", choices=MODES, required=True)
@@ -353,8 +407,14 @@ def main(argv=None, out=sys.stdout):
     args = _parser().parse_args(argv)
     if args.acc_tolerance is not None:
         check_acc_tolerance(args.acc_tolerance)
-    if args.fps_ratio is not None:
+    if getattr(args, "fps_ratio", None) is not None:
         check_fps_ratio(args.fps_ratio)
+    if args.command == "align":
+        if not args.loss_rtol >= 0 or (args.epochs is not None and args.epochs < 1):
+            raise AcceptanceError("--loss-rtol must be at least 0 and --epochs at least 1")
+        return run_align(args.run, args.reference, args.loss_rtol,
+                         DEFAULT_ACC_TOLERANCE if args.acc_tolerance is None else float(args.acc_tolerance),
+                         args.epochs, out)
     if args.command == "baseline":
         entries, _, path = load_baselines(args.baseline)
         entry = find_baseline(entries, args.arch, args.rank_size, path)

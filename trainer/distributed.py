@@ -390,9 +390,10 @@ def _take_trace(path):
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with_parent(sig=signal.SIGINT):
+def _die_with_parent(sig=signal.SIGTERM):
     """Linux: the kernel sends ``sig`` to this process when its parent dies, so that no rank trains on
-    unsupervised after the supervisor was killed (elsewhere: nothing)."""
+    unsupervised after the supervisor was killed (elsewhere: nothing). SIGTERM ends the rank at once (ranks
+    leave it unhandled), also inside a collective that waits for a rank that is gone."""
     try:
         libc = ctypes.CDLL(None)
         if hasattr(libc, "prctl"):
