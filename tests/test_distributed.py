@@ -204,8 +204,8 @@ def _spawned_job(data70, tmp_path):
     """main.py with two spawned ranks, in a session of its own (a terminal's process group), SIGINT as a
     terminal has it; returns (Popen, rank pids, ranks and their data workers) once it trains."""
     p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path),
-                          "--multiprocessing-distributed", "--device-list", "0,1", "--port", "0", "-a", "resnet18",
-                          "--epochs", "100", "-b", "4", "--device", "cpu", "-p", "1"] + SMALL[:6] + ["-j", "1"],
+                          "--multiprocessing-distributed", "--device-list", "0,1", "--port", "0", "-a", "tiny_cnn",
+                          "--epochs", "1000", "-b", "4", "--device", "cpu", "-p", "1"] + SMALL[:6] + ["-j", "1"],
                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
