@@ -463,6 +463,11 @@ class Dist:
 
     def close(self):
         if self.active and torch.distributed.is_initialized():
+            # torch 2.1's gloo group can deadlock when the last reference to it goes (DDP's Reducer, freed when the
+            # rank's job is): its destructor joins its worker threads while holding the GIL, and a worker thread
+            # still freeing a finished collective's tensors waits for the GIL (seen as a rank that never exits).
+            # Sleeping releases the GIL, so that they finish that before anything is torn down.
+            time.sleep(0.2)
             torch.distributed.destroy_process_group()
             self.active = False
 
