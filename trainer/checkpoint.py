@@ -107,7 +107,7 @@ def read(path, what="checkpoint"):
             "{} '{}' holds Python objects beyond tensors and plain data{} and was not loaded: unpickling them could "
             "run code. If you trust the file, keep its weights once: python3 -c \"import torch; c = torch.load('{}', "
             "weights_only=False); torch.save({{'state_dict': c['state_dict'] if isinstance(c, dict) else "
-            "c.state_dict()}}, 'weights.pth')\" and pass weights.pth".format(
+            "c.state_dict()}}, 'weights.pth')\" and pass --pretrained weights.pth".format(
                 what, path, " ({})".format(exc.what) if exc.what else "", path))
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile,
             AttributeError, ImportError, IndexError, KeyError) as exc:

@@ -46,15 +46,12 @@ def parse_loss_scale(text):
     if str(text).lower() == "dynamic":
         return None
     try:
-        if float(text) == -1:
-            return None
-    except ValueError:
-        pass
-    try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
+    if value == -1:
+        return None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(
             "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
