@@ -1,4 +1,5 @@
-# The README's two commands: `make demo` and `make test`. Both install into .venv first.
+# The README's two commands: `make demo` and `make test`. Both install into .venv first: the requirements,
+# then this project itself (`pip install -e .`, pyproject.toml), so that tools/*.py run from any folder.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -15,18 +16,20 @@ PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 t
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-common.txt
+$(STAMP): requirements.txt requirements-common.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY) -m pip check
 	@command -v shellcheck >/dev/null 2>&1 || ./tools/install_system_deps.sh
 	@touch $@
 
 install-compat: $(STAMP_COMPAT)
 
-$(STAMP_COMPAT): requirements-compat.txt requirements-common.txt
+$(STAMP_COMPAT): requirements-compat.txt requirements-common.txt pyproject.toml
 	@test -x $(PY_COMPAT) || $(PYTHON) -m venv $(VENV_COMPAT)
 	$(PY_COMPAT) -m pip install -q --disable-pip-version-check -r requirements-compat.txt
+	$(PY_COMPAT) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY_COMPAT) -m pip check
 	@touch $@
 
@@ -42,20 +45,20 @@ test-compat: install-compat
 # What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
 # check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.
 check-device:
-	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) tools/check_device.py --json check_device.json
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m tools.check_device --json check_device.json
 
 lint: install
 	shellcheck -x env_npu.sh test/*.sh
-	$(PY) -m compileall -q main.py trainer models tools bench
+	$(PY) -m compileall -q main.py trainer models modelzoo tools bench
 
 # A small learnable data set (10 classes of drawn shapes) and a short ShuffleNetV2 run on
 # whatever device is present. Each run writes a fresh folder under demo_output/.
 demo: install
-	@test -d demo_data/train || $(PY) tools/make_dataset.py demo_data --train-per-class 200 --val-per-class 30 --size 64
+	@test -d demo_data/train || $(PY) -m tools.make_dataset demo_data --train-per-class 200 --val-per-class 30 --size 64
 	$(PY) main.py demo_data -a shufflenet_v2_x0_5_npu --epochs 10 --eval-freq 5 -b 16 --lr 0.1 \
 		--warmup-epochs 1 --lr-schedule cosine --wd 4e-5 -j 2 --train-crop-size 56 --val-resize-size 64 \
 		--val-crop-size 56 --crop-scale-min 0.35 --seed 0 -p 50 --output-dir demo_output/$$(date +%Y%m%d-%H%M%S)
-	@last=$$(ls -d demo_output/*/ | tail -n 1); $(PY) tools/plot_runs.py $$last -o $${last}curves.png --force
+	@last=$$(ls -d demo_output/*/ | tail -n 1); $(PY) -m tools.plot_runs $$last -o $${last}curves.png --force
 
 clean-demo:
 	rm -rf demo_data demo_output

@@ -3,7 +3,7 @@
 ResNet50 and ShuffleNetV2 x1.0 (NPU form) in float32, bfloat16 and float16 (+ loss scaler), each with the
 optimizer the device layer pairs with it, channels-last, cudnn autotuning off and on.
 
-    python3 bench/amp_dtype.py [--device auto] [--steps 40] [--warmup 15] [--rounds 2] [--json FILE]
+    python3 -m bench.amp_dtype [--device auto] [--steps 40] [--warmup 15] [--rounds 2] [--json FILE]
 
 All loops run in this one process and are repeated --rounds times in turn (A B C A B C), so drift of the
 machine shows as a spread; the report gives images/s per loop (mean of rounds, min-max) and each dtype's
@@ -11,17 +11,12 @@ ratio to float32 and float16's ratio to bfloat16.
 """
 import argparse
 import json
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from tools.check_device import bare_loop  # noqa: E402
-from trainer.device import Device  # noqa: E402
+from tools.check_device import bare_loop
+from trainer.device import Device
 
 MODELS = (("resnet50", 256), ("shufflenet_v2_x1_0_npu", 1024))
 DTYPES = ((None, "float32"), ("bfloat16", "bfloat16"), ("float16", "float16"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Do the two data backends train alike? The same short training run fed by each, over several seeds.
 
-    python3 bench/backend_accuracy.py [--device auto|cuda|npu|cpu] [--small] [--seeds 0 1 2]
+    python3 -m bench.backend_accuracy [--device auto|cuda|npu|cpu] [--small] [--seeds 0 1 2]
                                       [--full] [--per-image] [--work-dir DIR] [--json FILE]
 
 The run is ``tools/check_device.py``'s train-fp32 (resnet18 on 10 classes of generated 64-px JPEGs, 56-px
@@ -24,15 +24,12 @@ import statistics
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from tools import check_device  # noqa: E402
-from trainer import data as datamod  # noqa: E402
-from trainer.device import Device  # noqa: E402
-from trainer.device_names import DEVICE_DECODE, HOST_DECODE  # noqa: E402
+from tools import check_device
+from trainer import data as datamod
+from trainer.device import Device
+from trainer.device_names import DEVICE_DECODE, HOST_DECODE
 
 
 def crop_difference(root, sizes, device, batches=8, batch=32):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training-step time in NCHW against NHWC (channels-last), same model, batch and resolution, interleaved.
 
-    python3 bench/channels_last.py [--arch resnet18 shufflenet_v2_x1_0] [--batch-size 16] [--image-size 160]
+    python3 -m bench.channels_last [--arch resnet18 shufflenet_v2_x1_0] [--batch-size 16] [--image-size 160]
                                    [--steps 8] [--device cpu] [--json FILE]
 
 One step = zero grads, forward, cross-entropy, backward, SGD step, in float32. Each round times both
@@ -10,18 +10,14 @@ speed-up of channels-last (NCHW median / NHWC median; above 1 = channels-last fa
 """
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-import models  # noqa: E402
-from trainer.device import Device  # noqa: E402
+import models
+from trainer.device import Device
 
 
 def step_fn(arch, fmt, batch, size, device):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The CPU backend's parts, one thread, interleaved rounds: where a sample's and a batch's time goes.
 
-    python3 bench/cpu_transforms.py DATA [--images 300] [--batch-size 32] [--rounds 4] [--json FILE]
+    python3 -m bench.cpu_transforms DATA [--images 300] [--batch-size 32] [--rounds 4] [--json FILE]
 
 Per sample (ms, on DATA/train's first --images files, bytes already in memory):
   torchvision   RandomResizedCrop + RandomHorizontalFlip + ToTensor + Normalize on a PIL image
@@ -24,15 +24,12 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import torch
+from PIL import Image
+from torch.utils.data._utils.collate import default_collate
 
-import torch  # noqa: E402
-from PIL import Image  # noqa: E402
-from torch.utils.data._utils.collate import default_collate  # noqa: E402
-
-from trainer import data  # noqa: E402
-from trainer import device as devmod  # noqa: E402
+from trainer import data
+from trainer import device as devmod
 
 
 def _timed(fn, n):

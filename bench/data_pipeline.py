@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Data-pipeline throughput: this trainer's backends against torchvision's default ImageNet pipeline.
 
-    python3 bench/data_pipeline.py DATA [--backend all|cpu|gpu|torchvision] [--workers N] [--images N]
+    python3 -m bench.data_pipeline DATA [--backend all|cpu|gpu|torchvision] [--workers N] [--images N]
                                    [--batch-size 64] [--split train|val] [--rounds 2] [--device auto]
                                    [--json FILE]
-    python3 bench/data_pipeline.py DATA --epoch-vs-examples [--arch shufflenet_v2_x0_5] [--batch-size 64]
+    python3 -m bench.data_pipeline DATA --epoch-vs-examples [--arch shufflenet_v2_x0_5] [--batch-size 64]
                                    [--workers N] [--synthetic] [--json FILE]
-    python3 bench/data_pipeline.py DATA --decode-ahead [--arch ...] [--batch-size 64] [--workers N]
+    python3 -m bench.data_pipeline DATA --decode-ahead [--arch ...] [--batch-size 64] [--workers N]
                                    [--rounds 2] [--device auto] [--amp] [--steps N] [--json FILE]
-    python3 bench/data_pipeline.py DATA --host-memory [--arch ...] [--batch-size 64] [--workers N] [--rounds 2]
+    python3 -m bench.data_pipeline DATA --host-memory [--arch ...] [--batch-size 64] [--workers N] [--rounds 2]
 
 Loader mode: each backend delivers --images images as normalised float batches on the device, the way
 training consumes them, and is timed from its first to its last batch (the first batch, with worker
@@ -58,13 +58,12 @@ import sys
 import tempfile
 import time
 
+import torch
+
+from trainer import data as datamod
+from trainer.device import Device, prefers_channels_last, user_allocator_choice
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-
-from trainer import data as datamod  # noqa: E402
-from trainer.device import Device, prefers_channels_last, user_allocator_choice  # noqa: E402
 
 MEAN, STD = datamod.MEAN, datamod.STD
 

@@ -2,7 +2,7 @@
 """Why the trainer zero-initialises fused SGD's momentum: torch's fused SGD + GradScaler when the very
 first step overflows (as it does with a dynamic scale that starts at 2**16).
 
-    python3 bench/fused_sgd_overflow.py [--device cuda|cpu] [--steps 30]
+    python3 -m bench.fused_sgd_overflow [--device cuda|cpu] [--steps 30]
 
 Trains a small MLP on random data for --steps steps with float16-style loss scaling (a GradScaler
 starting at 2**16 and an inf injected into the gradients of step 0) three ways and prints the final
@@ -14,16 +14,11 @@ loss and the largest |weight|:
 The last line says whether fused-raw diverged and whether fused-zero matches unfused.
 """
 import argparse
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from trainer.device import Device, zero_momentum_buffers  # noqa: E402
+from trainer.device import Device, zero_momentum_buffers
 
 
 def train(kind, device, steps):

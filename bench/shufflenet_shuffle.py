@@ -17,24 +17,21 @@ Reported: median, mean and min ms, the ratio of medians to torchvision's, and th
 (median over rounds of this candidate's time / torchvision's time in the same round).
 
 Example (about 1 minute on an idle 2-core CPU, 2-4 minutes on a shared one):
-  python bench/shufflenet_shuffle.py --device cpu --batch-size 32 --image-size 224 --steps 10
+  python3 -m bench.shufflenet_shuffle --device cpu --batch-size 32 --image-size 224 --steps 10
 """
 import argparse
 import json
 import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 import torchvision
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import models  # noqa: E402
-from trainer.device import npu_module  # noqa: E402
+import models
+from trainer.device import npu_module
 
 WIDTHS = ("0_5", "1_0", "1_5", "2_0")
 

@@ -1,7 +1,7 @@
 # shellcheck shell=bash source-path=SCRIPTDIR
 # The ModelZoo-style drivers in test/ (train_{full,performance}_{1p,8p}.sh) source this file and call
 # drv_main MODE SCALE "$@": env_npu.sh is sourced (unless the platform set the environment up,
-# etp_running_flag=true), then trainer/drivers.py takes over: arguments, recipe, output folder, one
+# etp_running_flag=true), then modelzoo/drivers.py takes over: arguments, recipe, output folder, one
 # process per device, supervision, ModelZoo results. --help is answered before anything is sourced.
 drv_main() {
     local root py arg
@@ -12,12 +12,12 @@ drv_main() {
     for arg in "${@:3}"; do
         case $arg in
             --) break ;;
-            -h | --help) exec "$py" -m trainer.drivers "$@" ;;
+            -h | --help) exec "$py" -m modelzoo.drivers "$@" ;;
         esac
     done
     if [[ ${etp_running_flag:-} != true ]]; then
         # shellcheck source=../env_npu.sh
         source "$root/env_npu.sh"
     fi
-    exec "$py" -m trainer.drivers "$@"
+    exec "$py" -m modelzoo.drivers "$@"
 }

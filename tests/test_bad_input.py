@@ -201,9 +201,9 @@ def test_help_and_plain_bad_values_answer_without_importing_torch(tmp_path):
     assert got == {"code": 2, "torch": False, "torchvision": False} and "--epochs" in err
     got, err = _imports(MAIN_PY, [str(tmp_path), "--device", "tpu"])
     assert got["code"] == 2 and not got["torch"] and "tpu" in err
-    got, err = _imports("trainer.drivers", ["full", "8p", "--data_path=" + str(tmp_path), "--device=tpu"])
+    got, err = _imports("modelzoo.drivers", ["full", "8p", "--data_path=" + str(tmp_path), "--device=tpu"])
     assert got == {"code": 2, "torch": False, "torchvision": False} and "--device must be" in err
-    got, err = _imports("trainer.drivers", ["full", "8p", "--data_path=" + str(tmp_path), "--rank_size=0"])
+    got, err = _imports("modelzoo.drivers", ["full", "8p", "--data_path=" + str(tmp_path), "--rank_size=0"])
     assert got == {"code": 2, "torch": False, "torchvision": False} and "--rank_size" in err
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 
-TOPS = ("main.py", "trainer", "models", "tools", "bench")
+TOPS = ("main.py", "trainer", "models", "modelzoo", "tools", "bench")
 SOURCES = []
 for top in TOPS:
     path = os.path.join(ROOT, top)

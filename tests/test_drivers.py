@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import PY, RANKS, ROOT, assert_one_line_error, dataset, gone, read_lines
-from tools import acceptance
+from modelzoo import acceptance
 from trainer.device import cpu_native_bf16
 
 SCRIPTS = ("train_full_1p.sh", "train_full_8p.sh", "train_performance_1p.sh", "train_performance_8p.sh")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What to run first on a new GPU or NPU box: a short battery that shows the trainer can be trusted there.
 
-    python3 tools/check_device.py [--device auto|npu|cuda|cpu] [--json FILE] [--work-dir DIR]
+    python3 -m tools.check_device [--device auto|npu|cuda|cpu] [--json FILE] [--work-dir DIR]
                                   [--only NAME[,NAME...]] [--small]
 
 Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a table and JSON):
@@ -44,15 +44,13 @@ import sys
 import tempfile
 import time
 
+import torch
+
+from trainer import cli
+from trainer.device_names import DEVICE_DECODE, HOST_DECODE
+from trainer.errors import UsageError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-
-from trainer import cli  # noqa: E402
-from trainer.device_names import DEVICE_DECODE, HOST_DECODE  # noqa: E402
-from trainer.errors import UsageError  # noqa: E402
 
 CHECKS = ("contract", "train-fp32", "train-amp", "train-fp16", "guard", "fps-resnet50", "fps-shufflenet",
           "backends", "onnx", "precision", "ddp")

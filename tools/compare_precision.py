@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compare a training step on two devices (or precisions), module by module.
 
-    python3 tools/compare_precision.py --arch A [--reference cpu] [--target auto|npu|cuda|cpu] [--target-amp]
+    python3 -m tools.compare_precision --arch A [--reference cpu] [--target auto|npu|cuda|cpu] [--target-amp]
                                        [--amp-dtype auto|float16|bfloat16] [--steps 1] [--rtol 1e-3] [--atol 1e-5]
                                        [--batch-size 4] [--image-size 64]
                                        [--num-classes 10] [--loss-scale 128] [--top 15] [--output FILE.json] [--force]
@@ -40,14 +40,10 @@ import math
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from trainer import cli  # noqa: E402
-from trainer.errors import UsageError  # noqa: E402
+from trainer import cli
+from trainer.errors import UsageError
 
 ROOT_NAME = "(model)"
 GUIDE_MEAN_ABS = 1e-4  # the porting guide: mean |cpu - npu| "generally not above 1e-4" is normal

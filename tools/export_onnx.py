@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Export a trained model to ONNX and check the file against PyTorch with onnxruntime.
 
-    python3 tools/export_onnx.py CHECKPOINT [--arch A] [--num-classes N] [--image-size 224]
+    python3 -m tools.export_onnx CHECKPOINT [--arch A] [--num-classes N] [--image-size 224]
                                  [--opset 11] --output FILE [--rtol 1e-4] [--atol 1e-5] [--force] [--no-verify]
 
 CHECKPOINT is a checkpoint this trainer writes (checkpoint.pth.tar / model_best.pth.tar: a dict with
@@ -26,14 +26,10 @@ import os
 import sys
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from trainer import cli  # noqa: E402
-from trainer.errors import UsageError  # noqa: E402
+from trainer import cli
+from trainer.errors import UsageError
 
 VERIFY_BATCHES = (1, 5)
 ATC_OPSETS = (9, 13)  # the ATC converter takes opsets 9-13 (porting guide)

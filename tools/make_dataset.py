@@ -5,7 +5,7 @@ Ten classes of procedurally drawn shapes (disc, square, triangle, cross, ring,
 horizontal stripes, vertical stripes, diagonal bar, checkerboard, dot grid) in random
 colours, positions and sizes over a noisy background, saved as JPEG files.
 
-    python3 tools/make_dataset.py OUT [--classes 10] [--train-per-class 100] [--val-per-class 20]
+    python3 -m tools.make_dataset OUT [--classes 10] [--train-per-class 100] [--val-per-class 20]
                                       [--size 64] [--layout imagenet|tiny-imagenet] [--seed 0] [--photos]
 
 --photos makes photo-like JPEGs of ImageNet's sizes instead, for data-pipeline benchmarks: each file is a

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Op inventory of a training step: every operator, its input shapes, and the dynamic-shape check.
 
-    python3 tools/op_report.py --arch A [--steps 3] [--warmup-steps 1] [--batch-size 8] [--image-size 64]
+    python3 -m tools.op_report --arch A [--steps 3] [--warmup-steps 1] [--batch-size 8] [--image-size 64]
                                [--num-classes 10] [--device cpu] [--amp] [--supported-ops FILE]
                                [--output-dir op_report] [--force]
 
@@ -30,15 +30,11 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+import torch
 
-import torch  # noqa: E402
-
-from trainer import cli  # noqa: E402
-from trainer.amp import inspection_dtype  # noqa: E402
-from trainer.errors import UsageError  # noqa: E402
+from trainer import cli
+from trainer.amp import inspection_dtype
+from trainer.errors import UsageError
 
 FILES = ("all_ops.txt", "dynamic_ops.txt", "unsupported_ops.txt", "op_report.json")
 _NOT_OPS = ("autograd::", "torch::autograd::", "profiler::")

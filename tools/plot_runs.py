@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Curves of one or several runs side by side, from their metrics.jsonl, for acceptance reports.
 
-    python3 tools/plot_runs.py OUT_DIR [OUT_DIR ...] -o FILE.png [--title TEXT] [--force]
+    python3 -m tools.plot_runs OUT_DIR [OUT_DIR ...] -o FILE.png [--title TEXT] [--force]
 
 Four panels over epochs: loss (train solid, validation dashed), Acc@1 (validation solid, train dashed),
 learning rate, training images/s. Each run is labelled by its folder name, arch, device, world size
@@ -14,13 +14,9 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from trainer import cli  # noqa: E402
-from trainer.errors import UsageError  # noqa: E402
-from trainer.observe import METRICS, read_records  # noqa: E402
+from trainer import cli
+from trainer.errors import UsageError
+from trainer.observe import METRICS, read_records
 
 
 def load_run(folder):

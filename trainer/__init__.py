@@ -7,6 +7,6 @@ guard       divergence guard                        engine    train / validate l
 checkpoint  atomic save, load, CheckpointSaver      metrics   meters, accuracy, log lines
 summary     summary.json                            schedule  the LR as a function of the position
 profiling   --profile-steps                         run       run -> worker -> build -> train
-drivers     the ModelZoo shell drivers' Python      cli, errors  one-line errors, exit code 2
+cli, errors  one-line errors, exit code 2          (the ModelZoo drivers: the modelzoo package)
 lock        one writer per --output-dir (run.lock)   observe   TensorBoard, metrics.jsonl, progress bar
 """

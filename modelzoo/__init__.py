@@ -1,0 +1,9 @@
+"""The ModelZoo layer above the trainer: the shell drivers' Python (test/*.sh -> ``python3 -m modelzoo.drivers``)
+and the acceptance check of a run against published numbers.
+
+plan        a driver's arguments, recipe, baseline check, output folder and main.py command line
+drivers     one main.py per device, supervised, then the ModelZoo report
+acceptance  ModelZoo's result lines and case log; checks against a baseline table or a reference run
+
+It imports models and trainer, never tools; the trainer imports nothing from here.
+"""

@@ -1,0 +1,186 @@
+"""The ModelZoo-style drivers behind test/train_{full,performance}_{1p,8p}.sh: the plan of the run
+(modelzoo/plan.py: arguments, recipe, output folder, command line), one main.py process per device started the
+Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank, taskset on aarch64), supervision of those
+processes, and the ModelZoo report (modelzoo/acceptance.py).
+
+    python3 -m modelzoo.drivers full|performance 1p|8p [--key=value ...] [-- main.py flags]
+
+Exit codes: 0 done, 1 the run failed, 2 bad input (one line on stderr), 3 a baseline check failed,
+4 the run diverged, 130 / 143 interrupted.
+"""
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from modelzoo.plan import command, parse, resolve, run_acceptance, tolerances, usage
+from trainer.errors import UsageError
+
+# ---------------------------------------------------------------- launch and supervise
+
+
+def rank_env(p, r, port, env):
+    e = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                                     "ROLE_RANK")}  # torchrun's would take precedence
+    e["PYTHONUNBUFFERED"] = "1"
+    if p.scale == "1p":
+        for k in ("RANK_ID", "RANK_SIZE", "LOCAL_RANK"):
+            e.pop(k, None)
+        e["ASCEND_DEVICE_ID"] = str(p.device_id)
+    else:  # the guides' shell loop, one process per device
+        e.update(RANK_ID=str(r), LOCAL_RANK=str(r), RANK_SIZE=str(p.ranks), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port))
+    return e
+
+
+def core_binding(p):
+    """taskset -c ranges per rank on aarch64 hosts (the 8-card scripts' binding), else Nones."""
+    if p.scale != "8p" or platform.machine() != "aarch64" or not shutil.which("taskset"):
+        return [None] * p.ranks
+    per = (os.cpu_count() or 0) // p.ranks
+    if per < 1:
+        return [None] * p.ranks
+    return ["{}-{}".format(r * per, r * per + per - 1) for r in range(p.ranks)]
+
+
+def _child_setup():
+    os.setsid()  # each rank in its own process group: stopped as a whole, data loader workers included
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a rank must see Ctrl-C even if we started with it ignored
+
+
+def start_ranks(p, cmd, env, ranks):
+    """One main.py process per device, each with its log file and its own process group, added to ``ranks``;
+    returns the logs."""
+    from trainer.distributed import free_port
+    port = int(p.port) if p.port else (free_port() if p.scale == "8p" else None)
+    cores = core_binding(p)
+    logs = []
+    for r in range(p.ranks):
+        log = os.path.join(p.output_dir, "train_{}.log".format(r))
+        prefix = ["taskset", "-c", cores[r]] if cores[r] else []
+        with open(log, "ab" if p.output_action == "keep" else "wb") as f:
+            proc = subprocess.Popen(prefix + cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=rank_env(p, r, port, env), preexec_fn=_child_setup)
+        ranks.procs.append(proc)
+        logs.append(log)
+        if p.scale == "1p":
+            print("started: pid {}, log {}".format(proc.pid, log), flush=True)
+        else:
+            print("rank {}: pid {}, device {}, log {}{}".format(r, proc.pid, p.devices[r], log,
+                                                               ", cores " + cores[r] if cores[r] else ""), flush=True)
+    return logs
+
+
+def last_line(path):
+    try:
+        with open(path, errors="replace") as f:
+            lines = [ln.rstrip("\n") for ln in f if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def report_failure(p, ranks, logs, r):
+    """The one line that names the failed rank (its last log line, its log); returns the exit code."""
+    rc = ranks.procs[r].returncode
+    why = "was killed by signal {}".format(-rc) if rc < 0 else "failed with exit code {}".format(rc)
+    last = last_line(logs[r])
+    last = " (last log line: {})".format(last) if last else ""
+    if p.scale == "1p":
+        sys.stderr.write("error: the run (pid {}) {}{}; log: {}\n".format(ranks.procs[r].pid, why, last, logs[r]))
+    else:
+        sys.stderr.write("error: rank {} (pid {}) {}{}; the other ranks were stopped; log: {}\n".format(
+            r, ranks.procs[r].pid, why, last, logs[r]))
+    from trainer.guard import EXIT_DIVERGED
+    return rc if rc in (2, EXIT_DIVERGED) else 1
+
+
+def prepare_output(p):
+    if p.output_action == "move":
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        dest, n = p.output_dir + ".prev-" + stamp, 1
+        while os.path.exists(dest):
+            dest, n = "{}.prev-{}-{}".format(p.output_dir, stamp, n), n + 1
+        try:
+            os.rename(p.output_dir, dest)
+        except OSError:
+            raise UsageError("cannot move '{}' aside to '{}'".format(p.output_dir, dest))
+        print("output: the earlier contents of {} were moved to {}".format(p.output_dir, dest))
+    elif p.output_action == "keep":
+        print("output: continuing the run in {} (--resume={})".format(p.output_dir, p.args.resume))
+    try:
+        os.makedirs(p.output_dir, exist_ok=True)
+    except OSError:
+        raise UsageError("cannot create --output_dir '{}'".format(p.output_dir))
+
+
+def run(mode, scale, argv, env=None):
+    env = dict(os.environ if env is None else env)
+    script = "train_{}_{}.sh".format(mode, scale)
+    if any(a in ("-h", "--help") for a in argv[:argv.index("--") if "--" in argv else len(argv)]):
+        print(usage(mode, scale))
+        return 0
+    p = resolve(parse(argv, mode, scale, script), mode, scale, script, env)
+    cmd = command(p)
+    prepare_output(p)
+    for note in p.notes:
+        print("note: " + note)
+    from trainer.device import has_device_ids
+    where = ("1 process on {}{}".format(p.device, " device {}".format(p.device_id) if has_device_ids(p.device) else "")
+             if scale == "1p" else "{} processes on {} devices {}".format(p.ranks, p.device,
+                                                                          ",".join(str(d) for d in p.devices)))
+    print("{}: {}{} | {} | global batch {} | lr {:g} | {} epoch(s){} | precision {} | output {}".format(
+        script, p.model, " (recipe {})".format(p.recipe) if p.recipe else "", where, p.batch, p.lr, p.epochs,
+        " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
+    print("command: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    t0 = time.time()
+    from trainer.distributed import Interrupted, Ranks
+    ranks = Ranks(groups=True)
+    try:
+        with ranks:
+            logs = start_ranks(p, cmd, env, ranks)
+            r = ranks.supervise()
+    except Interrupted as exc:
+        sys.stderr.write("interrupted (SIG{}): stopping all ranks\n".format(
+            "INT" if exc.signum == signal.SIGINT else "TERM"))
+        ranks.stop(exc.signum)
+        sys.stderr.write("interrupted: all ranks stopped; logs in {}\n".format(p.output_dir))
+        return exc.exit_code
+    finally:
+        if ranks.running():
+            ranks.stop()
+    code = report_failure(p, ranks, logs, r) if r is not None else 0
+    if code:
+        return code
+    print("finished in {} s".format(int(time.time() - t0)) if scale == "1p" else
+          "all {} ranks finished in {} s".format(p.ranks, int(time.time() - t0)), flush=True)
+    report = ["report", "--summary", os.path.join(p.output_dir, "summary.json"), "--network", p.network,
+              "--rank-size", str(p.ranks), "--batch-size", str(p.batch), "--mode", p.case_mode,
+              "--out-dir", p.output_dir]
+    if p.baseline:
+        report += ["--baseline", p.baseline, "--arch", p.network] + tolerances(p)
+    return run_acceptance(report)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) < 2 or argv[0] not in ("full", "performance") or argv[1] not in ("1p", "8p"):
+        sys.stderr.write("error: usage: python3 -m modelzoo.drivers full|performance 1p|8p [--key=value ...]\n")
+        return 2
+    try:
+        return run(argv[0], argv[1], argv[2:])
+    except UsageError as exc:
+        sys.stderr.write("error: {}\n".format(str(exc).splitlines()[0]))
+        return 2
+    except ImportError as exc:
+        sys.stderr.write("error: {} cannot import what main.py needs ({}): install it (make install) and set "
+                         "PYTHON=/path/to/that/python3\n".format(sys.executable, exc))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The project's layering, read from the sources with ast (nothing is imported): models <- trainer <- modelzoo <-
+tools, each importing only the layers before it; no import cycle among the modules; no sys.path edits outside
+tests/ (the project is installed, or its tools run as modules from the repository root)."""
+import ast
+import os
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYERS = ("models", "trainer", "modelzoo", "tools")  # each may import the ones before it, never those after
+SKIP_DIRS = {"tests", "__pycache__", "build", "dist", "demo_data", "demo_output"}
+
+
+def _sources():
+    """{module name: path} of every project module outside tests/ (main.py, the packages, bench/)."""
+    out = {}
+    for dirpath, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs
+                         if not d.startswith(".") and d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].split(os.sep)
+                if rel[-1] == "__init__":
+                    rel = rel[:-1]
+                out[".".join(rel)] = os.path.join(dirpath, f)
+    return out
+
+
+SOURCES = _sources()
+TREES = {name: ast.parse(open(path, "rb").read(), path) for name, path in SOURCES.items()}
+
+
+def _is_package(name):
+    return os.path.basename(SOURCES[name]) == "__init__.py"
+
+
+def _project(name):
+    """The project module ``name`` stands for (itself, or the nearest enclosing one that exists), or None."""
+    while name:
+        if name in SOURCES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module, import_time_only):
+    """(line, project module) for each import in ``module``; with ``import_time_only``, only the imports that run
+    when the module is imported (not those inside functions)."""
+    found = []
+
+    def visit(node, in_function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                if not import_time_only:
+                    visit(child, True)
+                continue
+            targets = []
+            if isinstance(child, ast.Import):
+                targets = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    package = module if _is_package(module) else module.rpartition(".")[0]
+                    for _ in range(child.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = package + ("." + base if base else "")
+                targets = [base + "." + a.name if base + "." + a.name in SOURCES else base for a in child.names]
+            for t in targets:
+                parts = t.split(".")
+                for i in range(1, len(parts) + 1):  # importing a.b.c imports a and a.b first
+                    target = _project(".".join(parts[:i]))
+                    if target and target != module:
+                        found.append((child.lineno, target))
+            visit(child, in_function)
+
+    visit(TREES[module], False)
+    return found
+
+
+def _layer(name):
+    top = name.split(".")[0]
+    return LAYERS.index(top) if top in LAYERS else None
+
+
+def test_the_layers_exist():
+    for layer in LAYERS:
+        assert layer in SOURCES and _is_package(layer), layer
+    assert "main" in SOURCES and "modelzoo.drivers" in SOURCES and "tools.acceptance" in SOURCES
+
+
+def _upward(name, target):
+    """Why ``name`` must not import ``target``, or None."""
+    if target.split(".")[0] in ("main", "bench"):
+        return "an entry point, imported by nothing"
+    mine, theirs = _layer(name), _layer(target)
+    if mine is not None and theirs is not None and theirs > mine:
+        return "{} is above {}".format(LAYERS[theirs], LAYERS[mine])
+    return None
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    wrong = ["{}:{} imports {} ({})".format(SOURCES[name], line, target, _upward(name, target))
+             for name in SOURCES for line, target in _imports(name, import_time_only=False) if _upward(name, target)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_trainer_imports_neither_modelzoo_nor_tools_and_models_import_no_trainer():
+    for name in SOURCES:
+        targets = {t.split(".")[0] for _, t in _imports(name, import_time_only=False)}
+        if name.split(".")[0] == "trainer":
+            assert not targets & {"modelzoo", "tools", "bench", "main"}, name
+        if name.split(".")[0] == "models":
+            assert not targets & {"trainer", "modelzoo", "tools", "bench", "main"}, name
+
+
+def _cycles(graph):
+    state, stack, cycles = {}, [], []
+
+    def walk(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                walk(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name)
+    return cycles
+
+
+def test_no_import_cycle():
+    """Among the imports that run when a module is imported (a function's own imports run later)."""
+    cycles = _cycles({name: sorted({t for _, t in _imports(name, import_time_only=True)}) for name in SOURCES})
+    assert not cycles, "\n".join(cycles)
+
+
+def _sys_path_edits(tree):
+    def is_sys_path(node):
+        return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value):
+            yield node.lineno  # sys.path.insert / append / extend / remove ...
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value)):
+                    yield node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and any(a.name == "path" for a in node.names):
+            yield node.lineno
+
+
+def test_no_sys_path_edits_outside_tests():
+    edits = ["{}:{}".format(SOURCES[name], line) for name in sorted(SOURCES) for line in _sys_path_edits(TREES[name])]
+    assert not edits, "sys.path is edited here (install the project or run the tool as a module instead): " + \
+        ", ".join(edits)
+
+
+def test_the_checks_see_what_they_check():
+    """The scanners find a cycle, an upward import and a sys.path edit where there is one."""
+    tree = ast.parse("import sys\nsys.path.insert(0, '.')\nsys.path[:0] = ['x']\nsys.path += ['y']\n")
+    assert sorted(_sys_path_edits(tree)) == [2, 3, 4]
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a -> b -> c -> a"]
+    assert _upward("trainer.run", "modelzoo.plan") and _upward("models.tiny", "trainer.errors")
+    assert _upward("tools.plot_runs", "main") and not _upward("tools.acceptance", "modelzoo.acceptance")
+    assert "trainer.errors" in {t for _, t in _imports("modelzoo.plan", import_time_only=True)}
+    assert _project("trainer.errors.UsageError") == "trainer.errors" and _project("torch.nn") is None
