@@ -47,9 +47,10 @@ test-compat: install-compat
 check-device:
 	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m tools.check_device --json check_device.json
 
+# ruff (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, Python 3.7 as the target) and shellcheck; seconds
 lint: install
+	$(PY) -m ruff check --no-cache .
 	shellcheck -x env_npu.sh test/*.sh
-	$(PY) -m compileall -q main.py trainer models modelzoo tools bench
 
 # A small learnable data set (10 classes of drawn shapes) and a short ShuffleNetV2 run on
 # whatever device is present. Each run writes a fresh folder under demo_output/.

@@ -2,7 +2,6 @@
 decisions against the fake torch_npu / apex and prints one JSON object of observations."""
 import json
 import os
-import sys
 
 import torch
 

@@ -122,7 +122,8 @@ def test_missing_resume(capsys, tmp_path):
 def test_garbage_resume_is_reported_and_kept(capsys, tmp_path):
     junk = tmp_path / "junk.pth.tar"
     junk.write_bytes(b"this is not a checkpoint")
-    check(["--dummy", "--resume", str(junk), "--output-dir", str(tmp_path)], capsys, "not a readable PyTorch checkpoint")
+    check(["--dummy", "--resume", str(junk), "--output-dir", str(tmp_path)], capsys,
+          "not a readable PyTorch checkpoint")
     assert junk.read_bytes() == b"this is not a checkpoint"
 
 

@@ -4,7 +4,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest

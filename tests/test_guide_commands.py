@@ -4,12 +4,11 @@ import argparse
 import json
 import os
 import subprocess
-import time
 
 import pytest
 import torch
 
-from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_lines, read_summary, run_main
+from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
 from trainer import config, run
 
 pytestmark = pytest.mark.timeout(300)
@@ -127,8 +126,8 @@ def _address_space(limit):
 def test_out_of_memory_is_one_line_with_the_batch_and_the_fix_and_keeps_the_checkpoint(tmp_path):
     """001's FAQ: out of device memory, lower the batch. Here a real allocation failure: the run's address space
     capped at 4 GiB (enough for torch and the model, not for ResNet18's activations at 256 x 224 px)."""
-    small = ["--dummy", "-a", "resnet18", "--device", "cpu", "--no-validate", "--no-tensorboard", "--max-steps-per-epoch",
-             "1", "--seed", "1", "-j", "0"]
+    small = ["--dummy", "-a", "resnet18", "--device", "cpu", "--no-validate", "--no-tensorboard",
+             "--max-steps-per-epoch", "1", "--seed", "1", "-j", "0"]
     first = run_main(small + ["--epochs", "1", "-b", "4", "--train-crop-size", "32", "--output-dir", str(tmp_path)])
     assert first.returncode == 0, first.stderr[-2000:]
     ckpt = tmp_path / "checkpoint.pth.tar"
@@ -181,7 +180,7 @@ def test_bare_pretrained_loads_torchvisions_weights_from_its_cache_and_starts_a_
                      "--lr", "0", "--wd", "0", "--no-validate", "--no-tensorboard", "--output-dir", str(tmp_path / "o"),
                      "--device", "cpu"] + SMALL, env={"TORCH_HOME": str(tmp_path / "th")}, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    notes = [l for l in proc.stdout.splitlines() if l.startswith("note: --pretrained")]
+    notes = [ln for ln in proc.stdout.splitlines() if ln.startswith("note: --pretrained")]
     assert len(notes) == 1 and "1000 classes and this model has 10" in notes[0] and "fc.weight, fc.bias" in notes[0]
     mine = torch.load(str(tmp_path / "o" / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
     assert torch.equal(mine["conv1.weight"], sd["conv1.weight"])  # lr 0: the loaded backbone, unchanged
@@ -205,8 +204,8 @@ def test_loss_alignment_against_a_reference_run_passes_alike_runs_and_fails_a_di
     ok = run_tool("acceptance.py", ["align", "--run", str(tmp_path / "same"), "--reference", str(tmp_path / "ref")])
     assert ok.returncode == 0, ok.stdout + ok.stderr
     lines = ok.stdout.strip().splitlines()
-    assert [l.split(":")[1].strip() for l in lines[:2]] == ["epoch 0", "epoch 1"]
-    assert all(" PASS train_loss " in l and "relative difference 0.000" in l and "Acc@1" in l for l in lines[:2])
+    assert [ln.split(":")[1].strip() for ln in lines[:2]] == ["epoch 0", "epoch 1"]
+    assert all(" PASS train_loss " in ln and "relative difference 0.000" in ln and "Acc@1" in ln for ln in lines[:2])
     assert lines[-1].startswith("align: PASS (2 epoch(s) compared")
     bad = run_tool("acceptance.py", ["align", "--run", str(tmp_path / "other"), "--reference", str(tmp_path / "ref"),
                                      "--epochs", "1", "--loss-rtol", "0.001"])  # 10x the LR: the loss moves apart

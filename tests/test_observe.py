@@ -76,20 +76,22 @@ def test_metrics_jsonl_has_one_record_per_epoch(resumed):
 def test_examples_lines_unchanged_when_piped(resumed):
     _, first, _ = resumed
     lines = first.stdout.splitlines()
-    epoch_lines = [l for l in lines if l.startswith("Epoch: ")]
+    epoch_lines = [ln for ln in lines if ln.startswith("Epoch: ")]
     assert len(epoch_lines) == 2 * 5
-    for l in epoch_lines:
+    for ln in epoch_lines:
         assert re.fullmatch(r"Epoch: \[\d\]\[\s*\d+/20\]\tTime +[\d.]+ \( *[\d.]+\)\tData +[\d.]+ \( *[\d.]+\)\t"
-                            r"Loss [\d.e+-]+ \([\d.e+-]+\)\tAcc@1 +[\d.]+ \( *[\d.]+\)\tAcc@5 +[\d.]+ \( *[\d.]+\)", l), l
-    assert sum(1 for l in lines if l.startswith("Test: ")) == 2 * 2 and "\r" not in first.stdout
-    assert not any("it/s" in l or "%|" in l for l in lines)
+                            r"Loss [\d.e+-]+ \([\d.e+-]+\)\tAcc@1 +[\d.]+ \( *[\d.]+\)\tAcc@5 +[\d.]+ \( *[\d.]+\)",
+                            ln), ln
+    assert sum(1 for ln in lines if ln.startswith("Test: ")) == 2 * 2 and "\r" not in first.stdout
+    assert not any("it/s" in ln or "%|" in ln for ln in lines)
 
 
 def test_progress_bar_on_a_terminal(shapes, tmp_path):
     master, slave = pty.openpty()
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=THREADS, COLUMNS="120")
     p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), shapes, "--output-dir", str(tmp_path), "--epochs", "1",
-                          "--max-steps-per-epoch", "6"] + RUN, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
+                          "--max-steps-per-epoch", "6"] + RUN, stdout=slave, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
     os.close(slave)
     out = b""
     deadline = time.monotonic() + 200
@@ -123,7 +125,7 @@ def test_run_completes_without_tensorboard_with_one_note(shapes, tmp_path):
     proc = run_main([shapes, "--output-dir", str(tmp_path / "o"), "--epochs", "1", "--max-steps-per-epoch", "3"]
                     + RUN, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    notes = [l for l in proc.stdout.splitlines() if "TensorBoard" in l]
+    notes = [ln for ln in proc.stdout.splitlines() if "TensorBoard" in ln]
     assert len(notes) == 1 and notes[0].startswith("note: TensorBoard is off"), notes
     assert not os.path.exists(str(tmp_path / "o" / "tensorboard"))
     assert len(read_records(str(tmp_path / "o" / METRICS))) == 1

@@ -188,8 +188,8 @@ def test_op_report_fixed_shapes_has_no_dynamic_ops_and_lists_unsupported(tmp_pat
     supported = tmp_path / "supported.txt"
     supported.write_text("# vendor list\naten::conv2d\nconvolution\nbatch_norm\naten::relu\nlinear\n\n")
     out_dir = tmp_path / "report"
-    rc, out, err = call(op_report.main, ["--arch", "resnet18", "--steps", "2", "--batch-size", "4", "--image-size", "32",
-                                    "--supported-ops", supported, "--output-dir", out_dir], capsys)
+    rc, out, err = call(op_report.main, ["--arch", "resnet18", "--steps", "2", "--batch-size", "4", "--image-size",
+                                         "32", "--supported-ops", supported, "--output-dir", out_dir], capsys)
     assert rc == 0, (out, err)
     report = json.loads((out_dir / "op_report.json").read_text())
     names = report["all_ops"]

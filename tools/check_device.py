@@ -180,8 +180,9 @@ class Battery:
         bounded = overflow <= max(5, 0.1 * steps)
         ok = fell and acc > 20.0 and bounded
         self.record(name, ok, "{} {}: loss {} -> {}, Acc@1 {:.1f} %, {} of {} steps skipped, {:.0f} img/s".format(
-            s["amp"]["dtype"], s.get("optimizer"), _f(losses[0] if losses else None), _f(losses[-1] if losses else None),
-            acc, overflow, steps, s.get("train_fps") or 0), losses=losses, acc1=acc, overflow_steps=overflow,
+            s["amp"]["dtype"], s.get("optimizer"), _f(losses[0] if losses else None),
+            _f(losses[-1] if losses else None), acc, overflow, steps, s.get("train_fps") or 0),
+            losses=losses, acc1=acc, overflow_steps=overflow,
             trained_steps=steps, dtype=s["amp"]["dtype"], optimizer=s.get("optimizer"), train_fps=s.get("train_fps"))
         return s
 
@@ -440,7 +441,8 @@ def backends_alike(runs, gap, cross_gap):
              for b, r in runs.items()}
     parts = []
     for b, r in runs.items():
-        others = ", ".join("{:.1f} % through {}".format(v, k[5:]) for k, v in sorted(r.items()) if k.startswith("acc1_"))
+        others = ", ".join("{:.1f} % through {}".format(v, k[5:]) for k, v in sorted(r.items())
+                           if k.startswith("acc1_"))
         parts.append("{}: loss {} -> {}, Acc@1 {:.1f} %{}".format(
             b, _f(r["losses"][0] if r["losses"] else None), _f(r["losses"][-1] if r["losses"] else None), r["acc1"],
             " ({})".format(others) if others else ""))

@@ -178,7 +178,8 @@ def verify(model, path, image_size, seed=0):
             ref = model(x).numpy()
         got = sess.run(["output"], {"input": x.numpy()})[0]
         if got.shape != ref.shape:
-            raise RuntimeError("batch {}: onnxruntime output shape {} vs PyTorch {}".format(batch, got.shape, ref.shape))
+            raise RuntimeError("batch {}: onnxruntime output shape {} vs PyTorch {}".format(
+                batch, got.shape, ref.shape))
         diffs.append((batch, float(abs(got.astype("float64") - ref.astype("float64")).max()),
                       float(abs(ref.astype("float64")).max())))
     return diffs

@@ -255,6 +255,11 @@ def build_parser():
     return p
 
 
+def _first_names(names):
+    """" (a, b, ...)": the first 8 names, for the summary lines ("" when there are none)."""
+    return " (" + ", ".join(names[:8]) + (", ..." if len(names) > 8 else "") + ")" if names else ""
+
+
 def run(args, out=None):
     import models
     from trainer.device import Device
@@ -300,12 +305,12 @@ def run(args, out=None):
     write_report(report, args.output_dir)
     log("=> {} ops recorded: {}".format(len(report["all_ops"]), os.path.join(args.output_dir, "all_ops.txt")))
     dyn = report["dynamic_ops"]
-    log("=> {} dynamic-shape op(s){}: {}".format(len(dyn), " (" + ", ".join(dyn[:8]) + (", ..." if len(dyn) > 8 else "") + ")" if dyn else "",
+    log("=> {} dynamic-shape op(s){}: {}".format(len(dyn), _first_names(dyn),
                                                  os.path.join(args.output_dir, "dynamic_ops.txt")))
     if supported is not None:
         miss = report["unsupported_ops"]
         log("=> {} op(s) not in '{}'{}: {}".format(
-            len(miss), args.supported_ops, " (" + ", ".join(miss[:8]) + (", ..." if len(miss) > 8 else "") + ")" if miss else "",
+            len(miss), args.supported_ops, _first_names(miss),
             os.path.join(args.output_dir, "unsupported_ops.txt")))
     log("=> report: {}".format(os.path.join(args.output_dir, "op_report.json")))
     if args.strict and (dyn or (supported is not None and report["unsupported_ops"])):

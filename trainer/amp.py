@@ -71,7 +71,8 @@ def settle(cfg, kind):
     else:
         if cfg.combine_ddp:
             raise UsageError("--combine-ddp is an option of Ascend apex.amp, and this run uses native autocast{}; "
-                             "drop the flag".format("" if devmod.apex_amp() is not None else " (apex is not installed)"))
+                             "drop the flag".format("" if devmod.apex_amp() is not None
+                                                    else " (apex is not installed)"))
         if "opt_level" in given:
             notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
                 cfg.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))

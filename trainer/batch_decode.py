@@ -71,8 +71,8 @@ def collate(batch):
     cols = list(zip(*batch))
     raws = cols[0]
     lengths = torch.tensor([r.numel() for r in raws], dtype=torch.int64)
-    out = [(torch.cat(raws) if raws else _EMPTY, lengths), torch.stack(cols[1]), torch.tensor(cols[2], dtype=torch.bool),
-           list(cols[3]), torch.tensor(cols[4]), list(cols[5])]
+    out = [(torch.cat(raws) if raws else _EMPTY, lengths), torch.stack(cols[1]),
+           torch.tensor(cols[2], dtype=torch.bool), list(cols[3]), torch.tensor(cols[4]), list(cols[5])]
     if len(cols) > 6:
         out.append(torch.tensor(cols[6], dtype=torch.bool))
     return out

@@ -171,7 +171,8 @@ def published_weights(arch, model):
     import models as registry
     url = registry.published_weights_url(model)
     if url is None:
-        raise UsageError("--pretrained: torchvision publishes no weights for -a {}; pass --pretrained FILE".format(arch))
+        raise UsageError("--pretrained: torchvision publishes no weights for -a {}; pass --pretrained FILE".format(
+            arch))
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
     path = os.path.join(folder, os.path.basename(url.split("?")[0]))
     if not os.path.exists(path):

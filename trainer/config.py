@@ -192,8 +192,8 @@ def build_parser():
     d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,
                    default=None, metavar="N|dynamic|-1",
                    help="float16 loss scale: a number is held fixed (steps with inf/NaN gradients are still "
-                        "skipped), dynamic (or -1, as in the Ascend guides) adapts it; default dynamic, except apex on NPU: 1024 (the Ascend "
-                        "guide's default)")
+                        "skipped), dynamic (or -1, as in the Ascend guides) adapts it; default dynamic, except "
+                        "apex on NPU: 1024 (the Ascend guide's default)")
     d.add_argument("--combine-ddp", action="store_true",
                    help="Ascend apex: all-reduce combined gradients inside apex (amp.initialize(combine_ddp="
                         "True)) instead of torch's DistributedDataParallel")
@@ -203,8 +203,8 @@ def build_parser():
     d.add_argument("--data-backend", choices=DATA_BACKENDS, default="auto",
                    help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode "
                         "decode), gpu (workers read bytes; whole batches are decoded and cropped on the device: "
-                        "nvJPEG on CUDA, DVPP via torchvision_npu on NPU); auto: cpu, the faster of the two as measured "
-                        "(docs/BENCHMARKS.md)")
+                        "nvJPEG on CUDA, DVPP via torchvision_npu on NPU); auto: cpu, the faster of the two as "
+                        "measured (docs/BENCHMARKS.md)")
 
     t = p.add_argument_group("recipe")
     t.add_argument("--recipe", default=None, metavar="NAME",
@@ -370,9 +370,11 @@ def validate(ns, env, notes=(), explicit=()):
     dist = distributed.resolve_launch(ns, env)
     notes = notes + dist["notes"]
     return Config(
-        data=data, arch=ns.arch, model=model, model_impl=ns.model_impl, workers=ns.workers, epochs=ns.epochs, start_epoch=ns.start_epoch,
+        data=data, arch=ns.arch, model=model, model_impl=ns.model_impl, workers=ns.workers, epochs=ns.epochs,
+        start_epoch=ns.start_epoch,
         batch_size=ns.batch_size, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
-        print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
+        print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate,
+        pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
         pretrained_published=ns.pretrained == PUBLISHED,
         seed=ns.seed, dummy=ns.dummy, device=canonical_kind(ns.device), device_index=ns.gpu, amp=ns.amp,
         amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
@@ -380,7 +382,8 @@ def validate(ns, env, notes=(), explicit=()):
         train_crop_size=ns.train_crop_size, crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
         val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, data_backend=ns.data_backend,
         num_classes=ns.num_classes,
-        output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate, max_steps_per_epoch=ns.max_steps_per_epoch,
+        output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
+        max_steps_per_epoch=ns.max_steps_per_epoch,
         fps_warmup_steps=ns.fps_warmup_steps, zero_init_residual=ns.zero_init_residual,
         recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop, progress=ns.progress,
         tensorboard_dir=(ns.tensorboard_dir or os.path.join(ns.output_dir, "tensorboard")) if ns.tensorboard else None,

@@ -180,7 +180,8 @@ def check_launch(cfg, kind):
     per_node = cfg.procs_per_node or (len(cfg.device_list) if cfg.device_list else devmod.count(kind))
     if allowed and cfg.world_size != 1 and per_node not in allowed:
         return ("{} device(s) per node: the Ascend guide supports only {} {}s per node for collective "
-                "communication; expect the collectives to fail".format(per_node, "/".join(map(str, allowed)), kind.upper()),)
+                "communication; expect the collectives to fail".format(per_node, "/".join(map(str, allowed)),
+                                                                        kind.upper()),)
     return ()
 
 

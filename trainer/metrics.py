@@ -1,8 +1,9 @@
 """Meters, accuracy and the log lines.
 
 The printed lines keep pytorch/examples' formats byte for byte, because acceptance
-tooling greps them:
-    Epoch: [0][ 10/500]\tTime  0.123 ( 0.150)\tData  0.001 ( 0.010)\tLoss 6.9078e+00 (6.9100e+00)\tAcc@1   0.00 (  0.10)\tAcc@5   0.39 (  0.50)
+tooling greps them (the Epoch line is one line, wrapped here):
+    Epoch: [0][ 10/500]\tTime  0.123 ( 0.150)\tData  0.001 ( 0.010)\tLoss 6.9078e+00 (6.9100e+00)
+        \tAcc@1   0.00 (  0.10)\tAcc@5   0.39 (  0.50)
     Test: [ 10/196]\tTime ...
      *   Acc@1 75.123 Acc@5 92.456
 Sums are kept on the device (no host sync per step); they are read, and reduced across

@@ -9,7 +9,6 @@ torch_npu/_init/registry/distributed.py:37-53, _init/patches/distributed_patches
 group it creates as ("hccl.new_group", rank, size).
 """
 
-import torch
 import torch.distributed as dist
 
 import torch_npu
