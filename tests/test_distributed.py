@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, gone, read_lines, read_summary, run_main
+from conftest import (PY, RANKS, ROOT, SMALL, assert_one_line, assert_one_line_error, gone, read_lines, read_summary,
+                      run_main)
 from tools.make_dataset import generate
 
 pytestmark = RANKS
@@ -126,6 +127,51 @@ def test_two_node_ranks_on_one_machine(data70, single, tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     assert_same_as_single(tmp_path, single)
+
+
+def _two_nodes(data70, folders, args):
+    """Two "nodes" of one process each (--world-size 2 --rank N), each with its own --output-dir."""
+    port = str(free_port())
+    procs = [subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(folders[node]),
+                               "--world-size", "2", "--rank", str(node), "--addr", "127.0.0.1", "--port", port]
+                              + STEP + args, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(2)]
+    return [(p.communicate(timeout=300), p.returncode) for p in procs]
+
+
+def test_nodes_with_their_own_output_dirs_each_keep_checkpoints_and_resume_alike(data70, tmp_path):
+    """The guide's layout: each node saves on its own disk. Each node's local rank 0 writes the checkpoints and
+    summary into its folder, so --resume auto resumes both at the same epoch; folders holding different epochs
+    stop the job before training, with one line per node and nothing overwritten."""
+    folders = [tmp_path / "node0", tmp_path / "node1"]
+    runs = _two_nodes(data70, folders, [])
+    assert [rc for _, rc in runs] == [0, 0], [err[-2000:] for (out, err), _ in runs]
+    assert "1 of 2 nodes do not see rank 0's folder" in runs[0][0][0]
+    assert "node 1 writes its own checkpoints and summary in '{}'".format(folders[1]) in runs[1][0][0]
+    for folder in folders:
+        assert read_summary(folder)["status"] == "ok" and read_summary(folder)["epochs_completed"] == 1
+    a, b = weights(folders[0]), weights(folders[1])
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    runs = _two_nodes(data70, folders, ["--resume", "auto", "--epochs", "2"])
+    assert [rc for _, rc in runs] == [0, 0], [err[-2000:] for (out, err), _ in runs]
+    assert "resumed '{}' at epoch 1".format(os.path.join(str(folders[0]), "checkpoint.pth.tar")) in runs[0][0][0]
+    for folder in folders:
+        assert read_summary(folder)["epochs_completed"] == 2
+
+    os.remove(os.path.join(str(folders[1]), "checkpoint.pth.tar"))  # node 1's disk lost its checkpoint
+    with open(os.path.join(str(folders[0]), "checkpoint.pth.tar"), "rb") as f:
+        before = f.read()
+    runs = _two_nodes(data70, folders, ["--resume", "auto", "--epochs", "3"])
+    for node, ((out, err), rc) in enumerate(runs):
+        assert_one_line(rc, err, "the ranks would start at different epochs (0 to 2)", "copy the newest "
+                        "checkpoint.pth.tar", out=out)
+        assert "Epoch: [" not in out
+    assert "this node has '{}".format(folders[0]) in runs[0][0][1]
+    assert "this node has no checkpoint in '{}'".format(folders[1]) in runs[1][0][1]
+    with open(os.path.join(str(folders[0]), "checkpoint.pth.tar"), "rb") as f:
+        assert f.read() == before
+    assert read_summary(folders[1])["epochs_completed"] == 2  # the failed start left the summaries alone
 
 
 def test_busy_port_is_a_clear_error(data70, tmp_path):

@@ -59,9 +59,11 @@ def parse_loss_scale(text):
 
 
 def report(exc):
-    """Print a UsageError as ``error: <one line>`` on stderr; returns its exit code."""
-    sys.stderr.write("error: {}\n".format(one_line(exc)))
-    sys.stderr.flush()
+    """Print a UsageError as ``error: <one line>`` on stderr (not one marked ``quiet``: another rank prints the
+    same error); returns its exit code."""
+    if not getattr(exc, "quiet", False):
+        sys.stderr.write("error: {}\n".format(one_line(exc)))
+        sys.stderr.flush()
     return exc.exit_code
 
 

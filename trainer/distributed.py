@@ -451,6 +451,13 @@ class Dist:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return float(t.item())
 
+    def sum(self, value, device):
+        if not self.active:
+            return value
+        t = device.move(torch.tensor([float(value)]))
+        torch.distributed.all_reduce(t)
+        return float(t.item())
+
     def broadcast_int(self, value, device):
         if not self.active:
             return value

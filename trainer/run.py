@@ -17,16 +17,13 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, cli, data, distributed, lock, metrics, observe, summary
+from trainer import checkpoint, cli, data, distributed, folders, metrics, observe, summary
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
 from trainer.errors import UsageError, one_line
 from trainer.guard import Diverged, all_finite
 from trainer.schedule import Schedule
-
-RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
-
 
 def preflight(cfg):
     """Cheap checks in the launching process; returns ``cfg`` settled for its device (the kind resolved,
@@ -58,37 +55,12 @@ def preflight(cfg):
     return cfg
 
 
-def owns_folder(cfg):
-    """Whether this process holds --output-dir for the job: the one that starts rank 0 (a training run)."""
-    first = cfg.node_rank == 0 if cfg.launch == "spawn" else cfg.rank == 0
-    return first and not cfg.evaluate
-
-
-def take_folder(cfg):
-    """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
-    without one. Returns (lock, cfg with a note when a stale lock was taken over)."""
-    held_lock = lock.RunLock(cfg.output_dir).acquire()
-    try:
-        if cfg.resume is None:
-            held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.output_dir, f))]
-            if held:
-                raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
-                                 "or choose another --output-dir".format(cfg.output_dir, ", ".join(held)))
-    except BaseException:
-        held_lock.release()
-        raise
-    if held_lock.taken_over:
-        cfg = cfg.replace(notes=cfg.notes + ("took over the lock of {}, which is no longer running".format(
-            held_lock.taken_over),))
-    return held_lock, cfg
-
-
 def run(cfg):
     """Entry point after parsing: returns the process exit code."""
     cfg = preflight(cfg)
     held_lock = None
-    if owns_folder(cfg):
-        held_lock, cfg = take_folder(cfg)
+    if folders.owns_folder(cfg):
+        held_lock, cfg = folders.take_folder(cfg)
     try:
         if cfg.launch == "spawn":
             checkpoint.release()  # the ranks load for themselves
@@ -110,9 +82,10 @@ def worker(cfg):
     except UsageError as exc:
         return cli.report(exc)
     log = metrics.Logger(dist.rank)
-    rs = None
+    rs, node_lock = None, None
     try:
-        if dist.is_main:
+        writes, node_lock, cfg = folders.node_writer(cfg, dist, device, log)
+        if writes:
             os.makedirs(cfg.output_dir, exist_ok=True)
             name = summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY
             rs = summary.RunSummary(cfg, os.path.join(cfg.output_dir, name))
@@ -148,6 +121,8 @@ def worker(cfg):
         raise
     finally:
         dist.close()
+        if node_lock is not None:
+            node_lock.release()
 
 
 def interrupted_line(cfg):
@@ -232,6 +207,9 @@ def build(cfg, device, dist, log, rs):
     for note in cfg.notes + tuple(step.notes):
         log("note: " + note)
     start_epoch, best_acc1 = cfg.start_epoch, None
+    folders.check_same_epoch(dist, device, int(ckpt["epoch"]) if ckpt is not None else cfg.start_epoch,
+                             "'{}'".format(resume_path) if ckpt is not None else "no checkpoint in '{}'".format(
+                                 cfg.output_dir), (cfg.local_rank or 0) == 0)
     if ckpt is not None:
         if int(ckpt["epoch"]) >= cfg.epochs:
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
@@ -341,7 +319,7 @@ def _train(job, rec):
                                                   "loss_scale": job.step.loss_scale()})
         if val is not None:
             rec.validation(done * job.steps, dict(val, epoch_seconds=tr["seconds"]))
-        if dist.is_main:
+        if rs is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
             job.saver.save(_checkpoint_state(job, done, best_acc1), is_best)
             _record(job, totals, epochs_completed=done, train_acc1=tr["acc1"], final_loss=tr["loss"],
                     best_acc1=best_acc1, last_val=last_val, **job.saver.existing())
@@ -362,7 +340,7 @@ def _train(job, rec):
         job.profiler.close()  # a run that ended before END still leaves its trace
     if rs is not None:
         rs.write("ok")
-        log("=> summary: {}".format(os.path.abspath(rs.path)))
+        log("=> summary: {}".format(os.path.abspath(rs.path)), all_ranks=True)  # a node's own folder's too
     return 0
 
 

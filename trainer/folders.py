@@ -1,0 +1,130 @@
+"""Who writes --output-dir: one writer per folder, and one per node when the nodes do not share it.
+
+A job's checkpoints and summary are written by global rank 0 into --output-dir. Several nodes often do not
+share that folder: each has its own local disk (the Ascend guides save on every node's local rank 0). Then
+the other nodes' folders would hold nothing, and ``--resume auto`` would resume node 0 at its last epoch
+and start the others from scratch. So after the rendezvous, rank 0 leaves a token file in its folder; each
+node's local rank 0 looks for it in its own --output-dir. A node that finds it shares rank 0's folder
+(one writer, one lock, as on one node); a node that does not keeps its own copy: its local rank 0 takes
+its folder's lock and writes the same checkpoints and summary there. Every rank then resumes from the
+same epoch, or the job stops with one line before training (``check_same_epoch``).
+"""
+import os
+import secrets
+import time
+
+from trainer import checkpoint, lock, summary
+from trainer.errors import UsageError
+
+RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
+TOKEN = ".shared-{:08x}"
+# a token created on another machine of a network filesystem can take a moment to show up in a lookup
+# (NFS caches "no such file" for a few seconds): a node that does not see it looks again for this long
+LOOK_AGAIN_SECONDS = 2.0
+
+
+class Quiet(UsageError):
+    """The same error as another rank's, which prints it: this rank exits 2 without a line of its own."""
+
+    quiet = True
+
+
+def owns_folder(cfg):
+    """Whether this process holds --output-dir for the job: the one that starts rank 0 (a training run)."""
+    first = cfg.node_rank == 0 if cfg.launch == "spawn" else cfg.rank == 0
+    return first and not cfg.evaluate
+
+
+def take_folder(cfg):
+    """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
+    without one. Returns (lock, cfg with a note when a stale lock was taken over)."""
+    held_lock = lock.RunLock(cfg.output_dir).acquire()
+    try:
+        if cfg.resume is None:
+            held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.output_dir, f))]
+            if held:
+                raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
+                                 "or choose another --output-dir".format(cfg.output_dir, ", ".join(held)))
+    except BaseException:
+        held_lock.release()
+        raise
+    if held_lock.taken_over:
+        cfg = cfg.replace(notes=cfg.notes + ("took over the lock of {}, which is no longer running".format(
+            held_lock.taken_over),))
+    return held_lock, cfg
+
+
+def _sees(path):
+    deadline = time.time() + LOOK_AGAIN_SECONDS
+    while True:
+        if os.path.exists(path):
+            return True
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def node_writer(cfg, dist, device, log):
+    """Decide, on every rank of the job together, whether this rank writes --output-dir.
+
+    Returns (writes, lock or None, cfg): rank 0 writes (its folder's lock is held by the launching process);
+    a node's local rank 0 whose --output-dir is not rank 0's folder writes its own and holds its lock here.
+    A node whose folder cannot be taken (in use, or a new run into a folder holding one) stops every rank
+    with that node's one line.
+    """
+    if not dist.active or cfg.nodes <= 1:
+        return dist.is_main, None, cfg
+    leader = (cfg.local_rank or 0) == 0
+    token = dist.broadcast_int(secrets.randbits(30), device)  # every rank calls it; rank 0's value wins
+    path = os.path.join(cfg.output_dir, TOKEN.format(token))
+    if dist.is_main:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        open(path, "w").close()
+    dist.barrier()
+    own = leader and not dist.is_main and not _sees(path)
+    dist.barrier()
+    if dist.is_main:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    held, problem = None, None
+    if own and not cfg.evaluate:
+        try:
+            held, cfg = take_folder(cfg)
+        except UsageError as exc:
+            problem = exc
+    bad = int(dist.max(cfg.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1
+    if bad:
+        if held is not None:
+            held.release()
+        if problem is not None:
+            raise problem
+        message = "node {} cannot write its own --output-dir (its error line says why)".format(bad - 1)
+        raise UsageError(message) if dist.is_main else Quiet(message)
+    owners = int(round(dist.sum(1.0 if own else 0.0, device)))
+    if owners == 0:
+        log("=> --output-dir '{}' is shared by all {} nodes: rank 0 writes the checkpoints and the summary".format(
+            cfg.output_dir, cfg.nodes))
+    else:
+        log("=> --output-dir: {} of {} nodes do not see rank 0's folder; each of them keeps its own checkpoints and "
+            "summary (written by its local rank 0) in its own --output-dir".format(owners, cfg.nodes))
+    if own:
+        log("=> node {} writes its own checkpoints and summary in '{}' (not the folder rank 0 writes)".format(
+            cfg.node_rank, cfg.output_dir), all_ranks=True)
+    return dist.is_main or own, held, cfg
+
+
+def check_same_epoch(dist, device, epoch, where, leader):
+    """Every rank starts at the same epoch: ``epoch`` is this rank's (its checkpoint's, or where a new run
+    starts). Otherwise each node's local rank 0 says which folder holds what, and every rank stops (exit 2)."""
+    if not dist.active:
+        return
+    hi = int(dist.max(epoch, device))
+    lo = -int(dist.max(-epoch, device))
+    if hi == lo:
+        return
+    message = ("the ranks would start at different epochs ({} to {}): this node has {} (epoch {}); every node's "
+               "--output-dir must hold the same checkpoint: copy the newest checkpoint.pth.tar into each node's "
+               "--output-dir, or start all nodes anew in empty folders".format(lo, hi, where, epoch))
+    raise UsageError(message) if leader else Quiet(message)
