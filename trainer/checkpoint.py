@@ -8,10 +8,12 @@ Loading accepts a bare state dict or a checkpoint holding ``state_dict``, with o
 without DistributedDataParallel's ``module.`` prefix, onto any device (loaded to the CPU
 first), with ``weights_only=True`` where the installed torch supports it.
 """
+import dataclasses
 import os
 import pickle
 import random
 import zipfile
+from typing import Optional
 
 import torch
 
@@ -74,34 +76,19 @@ def strip_module(state_dict):
     return state_dict
 
 
-_held = {}  # the last file read, until the next read of it: preflight's check, then the run's load
-
-
 def _identity(path):
     st = os.stat(path)
     return (os.path.abspath(path), st.st_mtime_ns, st.st_size)
 
 
 def read(path, what="checkpoint"):
-    """Load a file saved by torch.save; a missing or non-torch file is a UsageError.
-
-    A file read twice in a row without changing on disk (the launcher's check, then the run's load in
-    the same process) is loaded once: the second read hands over the first one's object.
-    """
+    """Load a file saved by torch.save; a missing or non-torch file is a UsageError."""
     if not os.path.exists(path):
         raise UsageError("{} '{}' does not exist".format(what, path))
     if not os.path.isfile(path):
         raise UsageError("{} '{}' is not a file".format(what, path))
-    key = _identity(path)
-    if _held.get("key") == key:
-        obj = _held["obj"]
-        _held.clear()
-        return obj
-    _held.clear()
     try:
-        obj = devmod.torch_load(path, map_location=devmod.load_location())
-        _held.update(key=key, obj=obj)
-        return obj
+        return devmod.torch_load(path, map_location=devmod.load_location())
     except devmod.UnsafeCheckpoint as exc:
         raise UsageError(
             "{} '{}' holds Python objects beyond tensors and plain data{} and was not loaded: unpickling them could "
@@ -115,9 +102,27 @@ def read(path, what="checkpoint"):
         raise UsageError("{} '{}' is not a readable PyTorch checkpoint ({})".format(what, path, first[:200]))
 
 
-def release():
-    """Drop the file ``read`` holds for its next read (before a launcher starts its ranks)."""
-    _held.clear()
+class Reader:
+    """The files a run reads (--resume, --pretrained), from the launching process's checks to the run's
+    loads: a file read twice in a row without changing on disk is loaded once, the second read handing over
+    the first one's object. ``run`` passes its Reader from ``preflight`` to the worker of the same process;
+    spawned ranks start with their own."""
+
+    def __init__(self):
+        self._key, self._obj = None, None
+
+    def read(self, path, what="checkpoint"):
+        if os.path.isfile(path) and self._key == _identity(path):
+            obj = self._obj
+            self.release()
+            return obj
+        self.release()
+        obj = read(path, what)
+        self._key, self._obj = _identity(path), obj
+        return obj
+
+    def release(self):
+        self._key, self._obj = None, None
 
 
 def state_dict_of(obj, path):
@@ -145,11 +150,11 @@ def check_fits(model, sd, what):
         raise UsageError("{}: {}; check --arch and --num-classes".format(what, "; ".join(parts)))
 
 
-def load_weights_into(model, path, published=False):
+def load_weights_into(model, path, published=False, reader=None):
     """--pretrained FILE: strict load with a one-line explanation on mismatch. ``published`` (torchvision's
     weights, --pretrained alone): a classifier of another class count is left as built (newly initialised)
     and the note saying so is returned."""
-    sd = state_dict_of(read(path, "weights file"), path)
+    sd = state_dict_of((reader or Reader()).read(path, "weights file"), path)
     note = None
     if published:
         own = model.state_dict()
@@ -196,15 +201,32 @@ def resolve_resume(resume, output_dir):
     return resume
 
 
-def load_training_checkpoint(path, arch):
-    ckpt = read(path)
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    """A training checkpoint to continue from: what the run restores, read once (``read_training``)."""
+    path: str
+    epoch: int  # epochs completed
+    best_acc1: Optional[float]
+    state_dict: dict  # the model's, without DDP's "module." prefix
+    rng: Optional[dict]
+    lr_schedule: dict
+    seed: Optional[int]
+    entries: dict  # the whole file: the optimizer step restores its own entries (optimizer, scaler, amp)
+
+
+def read_training(path, arch, reader=None):
+    """``path`` as a Resume; a weights file, or a checkpoint of another --arch, is a UsageError."""
+    ckpt = (reader or Reader()).read(path)
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "epoch" not in ckpt:
         raise UsageError("'{}' is a weights file, not a training checkpoint (no epoch/optimizer state); "
                          "use --pretrained for weights".format(path))
     import models
     if ckpt.get("arch") is not None and not models.same_weights(ckpt["arch"], arch):
         raise UsageError("'{}' is a checkpoint of --arch {}, not {}".format(path, ckpt.get("arch"), arch))
-    return ckpt
+    best = ckpt.get("best_acc1")
+    return Resume(path=path, epoch=int(ckpt["epoch"]), best_acc1=float(best) if best is not None else None,
+                  state_dict=strip_module(ckpt["state_dict"]), rng=ckpt.get("rng"),
+                  lr_schedule=ckpt.get("lr_schedule") or {}, seed=ckpt.get("seed"), entries=ckpt)
 
 
 def rng_states(device):
@@ -234,6 +256,22 @@ class CheckpointSaver:
     def __init__(self, out_dir):
         self.last = os.path.join(out_dir, CHECKPOINT)
         self.best = os.path.join(out_dir, BEST)
+
+    @staticmethod
+    def state(epoch, arch, model, num_classes, classes, state_dict, best_acc1, lr_schedule, rng, seed, config,
+              step_entries):
+        """The checkpoint of ``epoch`` epochs completed: pytorch/examples' and the Ascend guide's keys
+        (``epoch``, ``arch``, ``state_dict``, ``best_acc1``, ``optimizer``, apex's ``amp``), and this
+        project's (FORMAT_VERSION); ``step_entries`` are the optimizer step's own (optimizer, precision,
+        and the scaler or apex's amp)."""
+        state = {
+            "format_version": FORMAT_VERSION, "epoch": epoch, "arch": arch, "model": model,
+            "num_classes": num_classes, "classes": classes, "state_dict": state_dict,
+            "best_acc1": float(best_acc1) if best_acc1 is not None else None,
+            "lr_schedule": lr_schedule, "rng": rng, "seed": seed, "config": config,
+        }
+        state.update(step_entries)
+        return state
 
     def save(self, state, is_best):
         from trainer.guard import Diverged, all_finite

@@ -7,8 +7,6 @@ timed between two device synchronisations; the time spent waiting for data is me
 on the host and reported beside it. The divergence guard (trainer/guard.py) is read at the
 same points as the meters.
 """
-import time
-
 import torch
 
 from trainer import metrics, observe
@@ -41,39 +39,18 @@ class Engine:
     def _reduce(self, t):
         return self.dist.all_reduce_sum(t)
 
-    def train_one_epoch(self, loader, epoch, steps, eval_model=None):
-        """Returns a dict of the epoch's training metrics and timings (global)."""
+    def train_one_epoch(self, loader, epoch, steps):
+        """One epoch of ``steps`` steps; returns its metrics.TrainStats."""
         cfg, dev = self.cfg, self.device
         self.model.train()
         if getattr(loader, "sampler", None) is not None and hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
         batch = None
-        sums = metrics.Sums(dev)
-        guard = Guard(dev)
-        optimizer = self.step.optimizer
-        batch_time = metrics.AverageMeter("Time", ":6.3f")
-        data_time = metrics.AverageMeter("Data", ":6.3f")
-        losses = metrics.AverageMeter("Loss", ":.4e")
-        top1 = metrics.AverageMeter("Acc@1", ":6.2f")
-        top5 = metrics.AverageMeter("Acc@5", ":6.2f")
-        progress = metrics.ProgressMeter(steps, [batch_time, data_time, losses, top1, top5],
-                                         prefix="Epoch: [{}]".format(epoch))
-        warm = cfg.fps_warmup_steps if steps > cfg.fps_warmup_steps else 0
-        dev.synchronize()
-        t_epoch = t_mark = time.time()
-        t_fps = t_epoch if warm == 0 else None
-        wait_total = wait_mark = wait_fps = 0.0
-        last_print = 0
-        rec = self.recorder
+        sums, guard, optimizer, rec = metrics.Sums(dev), Guard(dev), self.step.optimizer, self.recorder
+        meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch))
+        clock = metrics.StepClock(dev, steps, cfg.fps_warmup_steps)
         rec.start_epoch(epoch, steps)
-        it = iter(loader)
-        for i in range(steps):
-            t0 = time.time()
-            images, target = next(it)
-            waited = time.time() - t0
-            wait_total += waited
-            if t_fps is not None:
-                wait_fps += waited
+        for i, (images, target) in clock.batches(loader, steps):
             batch = images.shape[0]
             set_lr(optimizer, self.schedule(epoch, i))
             x, y = self.normalize(images), self._targets(target)
@@ -89,66 +66,49 @@ class Engine:
                 self.profiler.step(epoch * steps + i)
                 if self.profiler.stop_run:
                     self.stop_requested = True
-            if i + 1 == warm:
-                dev.synchronize()
-                t_fps = time.time()
+            clock.stepped(i)
             if i % cfg.print_freq == 0 or i == steps - 1 or self.stop_requested:
                 interval, running, live = sums.read(self._reduce, self.step.live_scalars())  # syncs the device
-                now = time.time()
-                n = i + 1 - last_print
-                batch_time.update((now - t_mark) / n, n)
-                data_time.update((wait_total - wait_mark) / n, n)
-                losses.val, losses.avg = interval["loss"], running["loss"]
-                top1.val, top1.avg = interval["acc1"], running["acc1"]
-                top5.val, top5.avg = interval["acc5"], running["acc5"]
+                span = clock.span(i)
+                meters.update(span, interval, running)
                 if not rec.bar:
-                    self.log(progress.line(i + 1))
-                span = max(now - t_mark, 1e-9)
+                    self.log(meters.line(i + 1))
                 rec.train_point(epoch * steps + i + 1, dict(
                     live, loss=interval["loss"], acc1=interval["acc1"], acc5=interval["acc5"],
                     epoch_loss=running["loss"], epoch_acc1=running["acc1"],
-                    lr=optimizer.param_groups[0]["lr"], data_wait=(wait_total - wait_mark) / span,
-                    **{"img/s": n * batch * self.dist.world_size / span}))
-                t_mark, wait_mark, last_print = now, wait_total, i + 1
+                    lr=optimizer.param_groups[0]["lr"], data_wait=span.waited / span.seconds,
+                    **{"img/s": span.steps * batch * self.dist.world_size / span.seconds}))
                 self._check(guard, epoch)
             if self.stop_requested:
                 steps = i + 1
                 break
         rec.end_phase()
-        dev.synchronize()
-        t_end = time.time()
-        timed_steps = steps - warm
-        elapsed = self.dist.max(t_end - (t_fps if t_fps is not None else t_epoch), dev)
+        timed, seconds = clock.finish()
+        timed_steps = steps - clock.warm
+        elapsed = self.dist.max(timed, dev)
         _, running = sums.read(self._reduce)
         self._check(guard, epoch)
         global_batch = (batch or 0) * self.dist.world_size
-        return {
-            "steps": steps, "timed_steps": timed_steps, "timed_seconds": elapsed,
-            "fps": timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
-            "data_wait_seconds": wait_total, "seconds": t_end - t_epoch,
-            "loss": running["loss"], "acc1": running["acc1"], "acc5": running["acc5"],
-            "images": running["count"],
-        }
+        return metrics.TrainStats(
+            steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
+            fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
+            data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
+            acc5=running["acc5"], images=running["count"])
 
     def _check(self, guard, epoch):
         guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale)
 
     @torch.no_grad()
     def validate(self, loader, model):
-        """Every image of the validation set counted exactly once (padding masked out)."""
+        """Every image of the validation set counted exactly once (padding masked out); a metrics.EvalStats."""
         cfg, dev = self.cfg, self.device
         model.eval()
         steps = len(loader)
-        sums = metrics.Sums(dev)
-        batch_time = metrics.AverageMeter("Time", ":6.3f")
-        losses = metrics.AverageMeter("Loss", ":.4e")
-        top1 = metrics.AverageMeter("Acc@1", ":6.2f")
-        top5 = metrics.AverageMeter("Acc@5", ":6.2f")
-        progress = metrics.ProgressMeter(steps, [batch_time, losses, top1, top5], prefix="Test: ")
-        t_mark, last_print = time.time(), 0
-        rec = self.recorder
+        sums, rec = metrics.Sums(dev), self.recorder
+        meters = metrics.LoopMeters(steps, "Test: ", data=False)
+        clock = metrics.StepClock(dev, steps)
         rec.start_epoch(None, steps, phase="val")
-        for i, (images, target, valid) in enumerate(loader):
+        for i, (images, target, valid) in clock.batches(loader, steps):
             x, y, m = self.normalize(images), self._targets(target), dev.move(valid)
             with self.autocast():
                 output = model(x)
@@ -158,17 +118,11 @@ class Engine:
             rec.step(images.shape[0])
             if i % cfg.print_freq == 0 or i == steps - 1:
                 interval, running = sums.read(self._reduce)
-                now = time.time()
-                n = i + 1 - last_print
-                batch_time.update((now - t_mark) / n, n)
-                losses.val, losses.avg = interval["loss"], running["loss"]
-                top1.val, top1.avg = interval["acc1"], running["acc1"]
-                top5.val, top5.avg = interval["acc5"], running["acc5"]
+                meters.update(clock.span(i), interval, running)
                 if not rec.bar:
-                    self.log(progress.line(i + 1))
-                t_mark, last_print = now, i + 1
+                    self.log(meters.line(i + 1))
         rec.end_phase()
         _, running = sums.read(self._reduce)
         self.log(metrics.summary_line(running["acc1"], running["acc5"]))
-        return {"acc1": running["acc1"], "acc5": running["acc5"], "loss": running["loss"],
-                "images": running["count"]}
+        return metrics.EvalStats(acc1=running["acc1"], acc5=running["acc5"], loss=running["loss"],
+                                 images=running["count"])

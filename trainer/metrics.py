@@ -9,7 +9,10 @@ tooling greps them (the Epoch line is one line, wrapped here):
 Sums are kept on the device (no host sync per step); they are read, and reduced across
 processes, only at print steps and at the end of an epoch.
 """
+import dataclasses
 import sys
+import time
+from typing import Optional
 
 import torch
 
@@ -40,6 +43,133 @@ class ProgressMeter:
 
     def line(self, batch):
         return "\t".join([self.prefix + self.batch_fmtstr.format(batch)] + [str(m) for m in self.meters])
+
+
+class LoopMeters:
+    """pytorch/examples' meters of one loop and its progress line: Time, Data (training only), Loss, Acc@1,
+    Acc@5, updated at each print step from a ``StepClock`` interval and ``Sums.read``'s values."""
+
+    def __init__(self, steps, prefix, data=True):
+        self.batch_time = AverageMeter("Time", ":6.3f")
+        self.data_time = AverageMeter("Data", ":6.3f") if data else None
+        self.losses = AverageMeter("Loss", ":.4e")
+        self.top1 = AverageMeter("Acc@1", ":6.2f")
+        self.top5 = AverageMeter("Acc@5", ":6.2f")
+        meters = [m for m in (self.batch_time, self.data_time, self.losses, self.top1, self.top5) if m is not None]
+        self.progress = ProgressMeter(steps, meters, prefix=prefix)
+
+    def update(self, span, interval, running):
+        """``span``: a StepClock.Span; ``interval`` / ``running``: Sums.read's values."""
+        self.batch_time.update(span.seconds / span.steps, span.steps)
+        if self.data_time is not None:
+            self.data_time.update(span.waited / span.steps, span.steps)
+        for meter, key in ((self.losses, "loss"), (self.top1, "acc1"), (self.top5, "acc5")):
+            meter.val, meter.avg = interval[key], running[key]
+
+    def line(self, step):
+        return self.progress.line(step)
+
+
+class Span:
+    """The steps between two print points: how many, their wall time, and the part spent waiting for data."""
+
+    def __init__(self, steps, seconds, waited):
+        self.steps, self.seconds, self.waited = steps, seconds, waited
+
+
+class StepClock:
+    """An epoch loop's clocks, around the loop rather than in it (torchvision's ``MetricLogger.log_every`` is
+    the model): ``batches`` yields (step, batch) and times the wait for each batch on the host; ``stepped``
+    marks the end of the FPS warm-up (``warmup`` steps, after a device synchronisation); ``span`` gives the
+    interval since the previous print point; ``finish`` the epoch's timings."""
+
+    def __init__(self, device, steps, warmup=0):
+        self.device = device
+        self.warm = warmup if steps > warmup else 0
+        device.synchronize()
+        self.t_epoch = self.t_mark = time.time()
+        self.t_fps = self.t_epoch if self.warm == 0 else None
+        self.waited = self.wait_mark = 0.0
+        self.last = 0
+
+    def batches(self, loader, steps):
+        it = iter(loader)
+        for i in range(steps):
+            t0 = time.time()
+            batch = next(it)
+            self.waited += time.time() - t0
+            yield i, batch
+
+    def stepped(self, i):
+        if i + 1 == self.warm:
+            self.device.synchronize()
+            self.t_fps = time.time()
+
+    def span(self, i):
+        """The Span from the previous print point to the end of step ``i`` (the caller synchronised)."""
+        now = time.time()
+        span = Span(i + 1 - self.last, max(now - self.t_mark, 1e-9), self.waited - self.wait_mark)
+        self.t_mark, self.wait_mark, self.last = now, self.waited, i + 1
+        return span
+
+    def finish(self):
+        """(seconds since the FPS window opened, seconds since the epoch began), after a synchronisation."""
+        self.device.synchronize()
+        t_end = time.time()
+        return t_end - (self.t_fps if self.t_fps is not None else self.t_epoch), t_end - self.t_epoch
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStats:
+    """One training epoch, global over ranks."""
+    steps: int
+    timed_steps: int  # after --fps-warmup-steps
+    timed_seconds: float  # their wall time (the slowest rank's)
+    fps: Optional[float]  # global images per second over the timed steps
+    data_wait_seconds: float  # this rank's host time waiting for batches
+    seconds: float
+    loss: float
+    acc1: float
+    acc5: float
+    images: int
+
+
+class RunTotals:
+    """The training epochs of a run so far, summed for summary.json: images/s over the timed steps, step
+    time, the fraction of wall time spent waiting for data, steps trained."""
+
+    def __init__(self):
+        self.images = self.seconds = self.steps = self.wait = self.wall = 0.0
+        self.trained_steps = 0
+
+    def add(self, tr):
+        """Add one epoch's TrainStats."""
+        if tr.fps is not None:
+            self.images += tr.fps * tr.timed_seconds
+            self.seconds += tr.timed_seconds
+            self.steps += tr.timed_steps
+        self.wait += tr.data_wait_seconds
+        self.wall += tr.seconds
+        self.trained_steps += tr.steps
+
+    def fields(self):
+        """summary.json's fields of these totals."""
+        return {"trained_steps": self.trained_steps,
+                "train_fps": self.images / self.seconds if self.seconds else None,
+                "train_step_time_ms": 1000.0 * self.seconds / self.steps if self.steps else None,
+                "data_time_fraction": self.wait / self.wall if self.wall else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalStats:
+    """One validation pass, every image counted once over ranks."""
+    acc1: float
+    acc5: float
+    loss: float
+    images: int
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
 
 
 def summary_line(acc1, acc5):

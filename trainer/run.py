@@ -7,11 +7,13 @@
     build(...)    the Job: data, model, precision + optimizer step, resume, DDP, schedule, checkpoints
     train(job)    epochs: train, validate, checkpoint, summary
 """
+import dataclasses
 import math
 import os
 import secrets
 import signal
 import sys
+from typing import Any, Optional
 
 import torch
 
@@ -25,9 +27,10 @@ from trainer.errors import UsageError, one_line
 from trainer.guard import Diverged, all_finite
 from trainer.schedule import Schedule
 
-def preflight(cfg):
+def preflight(cfg, reader=None):
     """Cheap checks in the launching process; returns ``cfg`` settled for its device (the kind resolved,
-    --amp-impl auto decided, notes added)."""
+    --amp-impl auto decided, notes added). The files it reads stay with ``reader`` for this process's run."""
+    reader = reader or checkpoint.Reader()
     cli.check_arch(cfg.arch)
     kind = resolve_kind(cfg.device)
     distributed.check_devices(cfg, kind)
@@ -43,13 +46,13 @@ def preflight(cfg):
     if cfg.pretrained_published:
         cfg = cfg.replace(pretrained=checkpoint.published_weights(cfg.arch, cfg.model))
     if cfg.pretrained is not None:
-        checkpoint.read(cfg.pretrained, "weights file")
+        reader.read(cfg.pretrained, "weights file")
     resume = checkpoint.resolve_resume(cfg.resume, cfg.output_dir)
     if resume is not None:
         if cfg.evaluate:
-            checkpoint.state_dict_of(checkpoint.read(resume), resume)
+            checkpoint.state_dict_of(reader.read(resume), resume)
         else:
-            checkpoint.load_training_checkpoint(resume, cfg.arch)
+            checkpoint.read_training(resume, cfg.arch, reader)
     if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(cfg.output_dir))
     return cfg
@@ -57,23 +60,24 @@ def preflight(cfg):
 
 def run(cfg):
     """Entry point after parsing: returns the process exit code."""
-    cfg = preflight(cfg)
+    reader = checkpoint.Reader()
+    cfg = preflight(cfg, reader)
     held_lock = None
     if folders.owns_folder(cfg):
         held_lock, cfg = folders.take_folder(cfg)
     try:
         if cfg.launch == "spawn":
-            checkpoint.release()  # the ranks load for themselves
-            return distributed.spawn(cfg, cfg.device, worker)
-        return worker(cfg)
+            return distributed.spawn(cfg, cfg.device, worker)  # the ranks read for themselves
+        return worker(cfg, reader)
     finally:
         if held_lock is not None:
             held_lock.release()
 
 
-def worker(cfg):
+def worker(cfg, reader=None):
     """One process (one rank). Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
-    130 interrupted; anything else is raised (exit 1)."""
+    130 interrupted; anything else is raised (exit 1). ``reader``: the files ``preflight`` read in this
+    process."""
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
         device = Device.create(cfg.device, distributed.device_index(cfg))
@@ -90,7 +94,7 @@ def worker(cfg):
             name = summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY
             rs = summary.RunSummary(cfg, os.path.join(cfg.output_dir, name))
             rs.update(host_memory=host_memory)
-        job = build(cfg, device, dist, log, rs)
+        job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader())
         return evaluate(job) if cfg.evaluate else train(job)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
@@ -149,14 +153,39 @@ def _finish(rs, status, error, **fields):
         rs.write(status, error)
 
 
+@dataclasses.dataclass
 class Job:
-    """Everything one rank's run is made of (built by ``build``)."""
+    """Everything one rank's run is made of (built by ``build``; the training parts are None in an evaluation)."""
+    cfg: Any
+    device: Any
+    dist: Any
+    log: Any
+    rs: Any  # summary.RunSummary of the rank that writes one, else None
+    info: Any  # data.DataInfo
+    num_classes: int
+    batch_per_rank: int
+    workers: int
+    seed: int
+    precision: Any
+    train_loader: Any
+    val_loader: Any
+    normalizer: Any
+    resume_path: Optional[str]
+    model: Any  # what trains: DDP-wrapped where distributed
+    model_for_eval: Any  # the bare model
+    criterion: Any = None
+    step: Any = None  # the optimizer step (trainer/amp.py)
+    start_epoch: int = 0
+    best_acc1: Optional[float] = None
+    steps: int = 0  # per epoch
+    schedule: Any = None
+    profiler: Any = None
+    saver: Any = None
+    eval_state_dict: Optional[dict] = None  # --evaluate --resume FILE: the weights to evaluate
+    fallback_total: int = 0  # images the device data backend had decoded on the host (summed over ranks)
 
-    def __init__(self, **parts):
-        self.__dict__.update(parts)
 
-
-def build(cfg, device, dist, log, rs):
+def build(cfg, device, dist, log, rs, reader):
     world = dist.world_size
     batch_per_rank = cfg.batch_size // world
     procs = max(1, cfg.procs_per_node)
@@ -167,15 +196,15 @@ def build(cfg, device, dist, log, rs):
     else:
         workers = int(math.ceil(cfg.workers / float(procs)))
     resume_path = checkpoint.resolve_resume(cfg.resume, cfg.output_dir)
-    ckpt = None
+    resume = None
     if resume_path is not None and not cfg.evaluate:
-        ckpt = checkpoint.load_training_checkpoint(resume_path, cfg.arch)
+        resume = checkpoint.read_training(resume_path, cfg.arch, reader)
     elif cfg.resume == "auto" and not cfg.evaluate:
         log("=> no checkpoint in '{}' to resume: starting a new run".format(cfg.output_dir))
 
     seed = cfg.seed
     if seed is None:
-        seed = ckpt.get("seed") if ckpt and ckpt.get("seed") is not None else secrets.randbits(31)
+        seed = resume.seed if resume is not None and resume.seed is not None else secrets.randbits(31)
         seed = dist.broadcast_int(seed, device)  # every rank must shuffle alike
     device.manual_seed(seed)
 
@@ -185,7 +214,7 @@ def build(cfg, device, dist, log, rs):
     if cfg.num_classes is not None and info.classes is not None and cfg.num_classes < info.num_classes:
         raise UsageError("--num-classes {} is below the {} class folders in the data".format(
             cfg.num_classes, info.num_classes))
-    model = build_model(cfg, num_classes, device, world, log)
+    model = build_model(cfg, num_classes, device, world, log, reader)
     precision = ampmod.resolve(cfg, device)
     log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
         "| amp {} | data {} ({} classes, {} train / {} val images, {} backend, {} workers per process)".format(
@@ -194,27 +223,27 @@ def build(cfg, device, dist, log, rs):
             info.val_images, info.backend, workers), all_ranks=True)
     if info.note:
         log("note: " + info.note)
-    job = Job(cfg=cfg, device=device, dist=dist, log=log, rs=rs, info=info, num_classes=num_classes,
-              batch_per_rank=batch_per_rank, workers=workers,
-              seed=seed, precision=precision, train_loader=train_loader, val_loader=val_loader,
-              normalizer=data.Normalizer(device, cfg.channels_last), resume_path=resume_path)
+    parts = dict(cfg=cfg, device=device, dist=dist, log=log, rs=rs, info=info, num_classes=num_classes,
+                 batch_per_rank=batch_per_rank, workers=workers, seed=seed, precision=precision,
+                 train_loader=train_loader, val_loader=val_loader,
+                 normalizer=data.Normalizer(device, cfg.channels_last), resume_path=resume_path)
     if cfg.evaluate:
-        job.model = job.model_for_eval = model
-        return job
+        sd = checkpoint.state_dict_of(reader.read(resume_path), resume_path) if resume_path is not None else None
+        return Job(model=model, model_for_eval=model, eval_state_dict=sd, **parts)
 
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(device.torch_device)
     model, step = ampmod.build_step(precision, device, model, cfg.lr, cfg.momentum, cfg.weight_decay)
     for note in cfg.notes + tuple(step.notes):
         log("note: " + note)
     start_epoch, best_acc1 = cfg.start_epoch, None
-    folders.check_same_epoch(dist, device, int(ckpt["epoch"]) if ckpt is not None else cfg.start_epoch,
-                             "'{}'".format(resume_path) if ckpt is not None else "no checkpoint in '{}'".format(
+    folders.check_same_epoch(dist, device, resume.epoch if resume is not None else cfg.start_epoch,
+                             "'{}'".format(resume_path) if resume is not None else "no checkpoint in '{}'".format(
                                  cfg.output_dir), (cfg.local_rank or 0) == 0)
-    if ckpt is not None:
-        if int(ckpt["epoch"]) >= cfg.epochs:
+    if resume is not None:
+        if resume.epoch >= cfg.epochs:
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
-                             "--epochs to continue)".format(resume_path, ckpt["epoch"], cfg.epochs))
-        start_epoch, best_acc1 = _restore(cfg, ckpt, model, step, device, log, resume_path)
+                             "--epochs to continue)".format(resume_path, resume.epoch, cfg.epochs))
+        start_epoch, best_acc1 = _restore(cfg, resume, model, step, device, log)
     model_for_eval = model
     if dist.active and not precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
         model = device.ddp(model, cfg.broadcast_buffers)
@@ -226,13 +255,12 @@ def build(cfg, device, dist, log, rs):
     if cfg.profile_steps is not None:
         from trainer.profiling import StepProfiler
         profiler = StepProfiler(cfg.profile_steps, cfg.profile_stop, device, cfg.output_dir, dist.rank, log)
-    job.__dict__.update(model=model, model_for_eval=model_for_eval, criterion=criterion, step=step,
-                        start_epoch=start_epoch, best_acc1=best_acc1, steps=steps, schedule=schedule,
-                        profiler=profiler, saver=checkpoint.CheckpointSaver(cfg.output_dir))
-    return job
+    return Job(model=model, model_for_eval=model_for_eval, criterion=criterion, step=step, start_epoch=start_epoch,
+               best_acc1=best_acc1, steps=steps, schedule=schedule, profiler=profiler,
+               saver=checkpoint.CheckpointSaver(cfg.output_dir), **parts)
 
 
-def build_model(cfg, num_classes, device, world, log=None):
+def build_model(cfg, num_classes, device, world, log=None, reader=None):
     """The model on ``device``: built, its --pretrained weights loaded (a note about them goes to ``log``),
     SyncBatchNorm where asked, channels-last where chosen."""
     kwargs = {"zero_init_residual": True} if cfg.zero_init_residual else {}
@@ -242,7 +270,7 @@ def build_model(cfg, num_classes, device, world, log=None):
         raise UsageError("--arch {} does not take this option ({}); --zero-init-residual is for ResNets".format(
             cfg.arch, str(exc).splitlines()[0]))
     if cfg.pretrained is not None:
-        note = checkpoint.load_weights_into(model, cfg.pretrained, published=cfg.pretrained_published)
+        note = checkpoint.load_weights_into(model, cfg.pretrained, published=cfg.pretrained_published, reader=reader)
         if note and log is not None:
             log("note: " + note)
     if hasattr(model, "set_index_dtype"):
@@ -285,27 +313,21 @@ def _train(job, rec):
     cfg, dist, log, rs = job.cfg, job.dist, job.log, job.rs
     engine = Engine(job.model, job.criterion, job.step, job.precision, job.device, dist, job.normalizer,
                     job.schedule, cfg, log, job.profiler, rec)
-    totals = {"images": 0.0, "seconds": 0.0, "steps": 0.0, "wait": 0.0, "wall": 0.0, "trained_steps": 0}
+    totals = metrics.RunTotals()
     best_acc1, last_val = job.best_acc1, None
     _record(job, totals, epochs_completed=job.start_epoch, best_acc1=best_acc1, **job.saver.existing())
     if rs is not None:
         rs.started = True
     for epoch in range(job.start_epoch, cfg.epochs):
         tr = engine.train_one_epoch(job.train_loader, epoch, job.steps)
-        if tr["fps"] is not None:
-            totals["images"] += tr["fps"] * tr["timed_seconds"]
-            totals["seconds"] += tr["timed_seconds"]
-            totals["steps"] += tr["timed_steps"]
-        totals["wait"] += tr["data_wait_seconds"]
-        totals["wall"] += tr["seconds"]
-        totals["trained_steps"] += tr["steps"]
+        totals.add(tr)
         done = epoch + 1
         val = None
         if cfg.validate and (done % cfg.eval_freq == 0 or done == cfg.epochs or engine.stop_requested):
             val = last_val = engine.validate(job.val_loader, job.model_for_eval)
-        is_best = val is not None and (best_acc1 is None or val["acc1"] > best_acc1)
+        is_best = val is not None and (best_acc1 is None or val.acc1 > best_acc1)
         if is_best:
-            best_acc1 = val["acc1"]
+            best_acc1 = val.acc1
         overflow = job.step.overflow_steps() if job.precision.scaled else 0
         fallbacks = _fallbacks(job)
         if fallbacks:
@@ -318,19 +340,19 @@ def _train(job, rec):
             raise Diverged("non-finite weights", {"epoch": epoch, "step": None, "lr": None,
                                                   "loss_scale": job.step.loss_scale()})
         if val is not None:
-            rec.validation(done * job.steps, dict(val, epoch_seconds=tr["seconds"]))
+            rec.validation(done * job.steps, dict(val.as_dict(), epoch_seconds=tr.seconds))
         if rs is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
             job.saver.save(_checkpoint_state(job, done, best_acc1), is_best)
-            _record(job, totals, epochs_completed=done, train_acc1=tr["acc1"], final_loss=tr["loss"],
+            _record(job, totals, epochs_completed=done, train_acc1=tr.acc1, final_loss=tr.loss,
                     best_acc1=best_acc1, last_val=last_val, **job.saver.existing())
             rs.write()
             rec.epoch_record({
-                "epoch": epoch, "global_step": done * job.steps, "train_loss": tr["loss"], "train_acc1": tr["acc1"],
-                "train_acc5": tr["acc5"], "val_loss": val["loss"] if val else None,
-                "val_acc1": val["acc1"] if val else None, "val_acc5": val["acc5"] if val else None,
-                "lr": job.schedule(epoch, tr["steps"] - 1), "images_per_second": tr["fps"],
-                "data_wait_fraction": tr["data_wait_seconds"] / tr["seconds"] if tr["seconds"] else None,
-                "overflow_steps": overflow, "seconds": tr["seconds"], "arch": cfg.arch, "device": job.device.name,
+                "epoch": epoch, "global_step": done * job.steps, "train_loss": tr.loss, "train_acc1": tr.acc1,
+                "train_acc5": tr.acc5, "val_loss": val.loss if val else None,
+                "val_acc1": val.acc1 if val else None, "val_acc5": val.acc5 if val else None,
+                "lr": job.schedule(epoch, tr.steps - 1), "images_per_second": tr.fps,
+                "data_wait_fraction": tr.data_wait_seconds / tr.seconds if tr.seconds else None,
+                "overflow_steps": overflow, "seconds": tr.seconds, "arch": cfg.arch, "device": job.device.name,
                 "world_size": dist.world_size, "amp": _amp_label(job.precision)})
         dist.barrier()
         if engine.stop_requested:
@@ -345,38 +367,29 @@ def _train(job, rec):
 
 
 def _checkpoint_state(job, done, best_acc1):
-    state = {
-        "format_version": checkpoint.FORMAT_VERSION, "epoch": done, "arch": job.cfg.arch,
-        "model": job.cfg.model, "num_classes": job.num_classes, "classes": job.info.classes,
-        "state_dict": _unwrap(job.model_for_eval).state_dict(),
-        "best_acc1": float(best_acc1) if best_acc1 is not None else None,
-        "lr_schedule": job.schedule.state_dict(), "rng": checkpoint.rng_states(job.device), "seed": job.seed,
-        "config": job.cfg.as_dict(),
-    }
-    state.update(job.step.checkpoint_entries())  # optimizer, precision, and scaler or apex's amp
-    return state
+    return job.saver.state(
+        epoch=done, arch=job.cfg.arch, model=job.cfg.model, num_classes=job.num_classes, classes=job.info.classes,
+        state_dict=_unwrap(job.model_for_eval).state_dict(), best_acc1=best_acc1,
+        lr_schedule=job.schedule.state_dict(), rng=checkpoint.rng_states(job.device), seed=job.seed,
+        config=job.cfg.as_dict(), step_entries=job.step.checkpoint_entries())
 
 
 def _record(job, totals, last_val=None, **fields):
-    """summary.json's fields of a training run, all filled here (rank 0 only)."""
+    """summary.json's fields of a training run, all filled here (by the ranks that write a summary)."""
     if job.rs is None:
         return
-    t = totals
     overflow = job.step.overflow_steps() if job.precision.scaled else 0
     job.rs.update(device=job.device.name, world_size=job.dist.world_size,
                   per_device_batch_size=job.batch_per_rank, steps_per_epoch=job.steps,
                   optimizer=job.step.name, data_layout=job.info.layout, train_images=job.info.train_images,
-                  data_backend=job.info.backend, data_fallback_images=getattr(job, "fallback_total", 0),
-                  data_workers=job.workers,
-                  num_classes=job.num_classes, amp=job.step.describe(), trained_steps=t["trained_steps"],
+                  data_backend=job.info.backend, data_fallback_images=job.fallback_total,
+                  data_workers=job.workers, num_classes=job.num_classes, amp=job.step.describe(),
                   overflow_steps=overflow,
-                  skipped_fraction=overflow / float(t["trained_steps"]) if t["trained_steps"] else 0.0,
-                  train_fps=t["images"] / t["seconds"] if t["seconds"] else None,
-                  train_step_time_ms=1000.0 * t["seconds"] / t["steps"] if t["steps"] else None,
-                  data_time_fraction=t["wait"] / t["wall"] if t["wall"] else None, **fields)
+                  skipped_fraction=overflow / float(totals.trained_steps) if totals.trained_steps else 0.0,
+                  **dict(totals.fields(), **fields))
     if last_val is not None:
-        job.rs.update(final_acc1=last_val["acc1"], final_acc5=last_val["acc5"], val_images=last_val["images"],
-                      val_loss=last_val["loss"])
+        job.rs.update(final_acc1=last_val.acc1, final_acc5=last_val.acc5, val_images=last_val.images,
+                      val_loss=last_val.loss)
 
 
 def _fallbacks(job):
@@ -394,7 +407,7 @@ def _fallbacks(job):
 def evaluate(job):
     cfg, log, rs, model = job.cfg, job.log, job.rs, job.model
     if job.resume_path is not None:
-        sd = checkpoint.state_dict_of(checkpoint.read(job.resume_path), job.resume_path)
+        sd = job.eval_state_dict
         try:
             model.load_state_dict(sd)
         except RuntimeError as exc:
@@ -411,8 +424,8 @@ def evaluate(job):
         p = job.precision
         rs.update(device=job.device.name, world_size=job.dist.world_size,
                   per_device_batch_size=job.batch_per_rank,
-                  final_acc1=val["acc1"], final_acc5=val["acc5"], best_acc1=val["acc1"], val_images=val["images"],
-                  val_loss=val["loss"], data_layout=job.info.layout, checkpoint=job.resume_path,
+                  final_acc1=val.acc1, final_acc5=val.acc5, best_acc1=val.acc1, val_images=val.images,
+                  val_loss=val.loss, data_layout=job.info.layout, checkpoint=job.resume_path,
                   amp={"enabled": p.enabled, "impl": p.impl, "requested_dtype": p.requested,
                        "dtype": p.dtype_name, "note": p.note},
                   num_classes=model_num_classes(model))
@@ -430,18 +443,18 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-def _restore(cfg, ckpt, model, step, device, log, path):
-    _unwrap(model).load_state_dict(checkpoint.strip_module(ckpt["state_dict"]))
-    step.restore(ckpt, log)
-    checkpoint.restore_rng(ckpt.get("rng"), device)
-    saved = ckpt.get("lr_schedule") or {}
+def _restore(cfg, resume, model, step, device, log):
+    """The model, optimizer step, RNGs from ``resume`` (a checkpoint.Resume); returns (start epoch, best Acc@1)."""
+    _unwrap(model).load_state_dict(resume.state_dict)
+    step.restore(resume.entries, log)
+    checkpoint.restore_rng(resume.rng, device)
+    saved = resume.lr_schedule
     mine = {"lr": cfg.lr, "kind": cfg.lr_schedule, "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs}
     diffs = ["{} {} (checkpoint {})".format(k, mine[k], saved[k]) for k in mine if k in saved and saved[k] != mine[k]]
     if diffs:
         log("note: the command line wins over the checkpoint's schedule: " + ", ".join(diffs))
     if cfg.start_epoch:
         log("note: --start-epoch {} ignored: resuming at epoch {} from the checkpoint".format(
-            cfg.start_epoch, ckpt["epoch"]))
-    best = ckpt.get("best_acc1")
-    log("=> resumed '{}' at epoch {} (best Acc@1 {})".format(path, ckpt["epoch"], best))
-    return int(ckpt["epoch"]), (float(best) if best is not None else None)
+            cfg.start_epoch, resume.epoch))
+    log("=> resumed '{}' at epoch {} (best Acc@1 {})".format(resume.path, resume.epoch, resume.best_acc1))
+    return resume.epoch, resume.best_acc1
