@@ -10,7 +10,7 @@ loss and the largest |weight|:
   unfused     torch.optim.SGD (foreach), the reference
   fused-raw   torch.optim.SGD(fused=True) as torch builds it: momentum buffers come from empty_like on the
               first step, and an overflow there returns before they are written
-  fused-zero  the same with the momentum buffers created as zeros first (what trainer/device.py does)
+  fused-zero  the same with the momentum buffers created as zeros first (what trainer/optim/sgd.py does)
 The last line says whether fused-raw diverged and whether fused-zero matches unfused.
 """
 import argparse
@@ -18,7 +18,8 @@ import sys
 
 import torch
 
-from trainer.device import Device, zero_momentum_buffers
+from trainer.device import Device
+from trainer.optim.sgd import zero_momentum_buffers
 
 
 def train(kind, device, steps):

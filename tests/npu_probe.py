@@ -14,6 +14,7 @@ from trainer import amp as ampmod  # noqa: E402
 from trainer import device as devmod  # noqa: E402
 from trainer.config import parse_config  # noqa: E402
 from trainer.errors import UsageError  # noqa: E402
+from trainer.optim import create_optimizer  # noqa: E402
 
 obs = {}
 
@@ -58,11 +59,12 @@ except UsageError as exc:
 
 # 3. optimizer
 model = torch.nn.Linear(4, 3)
-choice = dev.sgd(model.parameters(), 0.1, 0.9, 1e-4)
+choice = create_optimizer("sgd", model.parameters(), 0.1, 0.9, 1e-4, dev)
 obs["optimizer"] = choice.name
 obs["optimizer_module"] = type(choice.optimizer).__module__
 obs["grads_to_none"] = choice.grads_to_none
-obs["optimizer_with_apex"] = dev.sgd(model.parameters(), 0.1, 0.9, 1e-4, apex_amp_in_use=True).name
+obs["optimizer_with_apex"] = create_optimizer("sgd", model.parameters(), 0.1, 0.9, 1e-4, dev,
+                                             apex_amp_in_use=True).name
 
 
 def cfg_for(*argv):

@@ -11,6 +11,8 @@ from conftest import RANKS, SMALL, assert_one_line_error, needs_cpu_float16, rea
 from trainer import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
+from trainer.optim import create_optimizer
+from trainer.optim import sgd as sgdmod
 from trainer.guard import MAX_CONSECUTIVE_OVERFLOWS, Diverged, Guard
 from trainer.distributed import Dist
 
@@ -39,7 +41,7 @@ def precision(kind, loss_scale=None):
     return ampmod.Precision("float16", "native", torch.float16, loss_scale)
 
 
-# (precision, loss scale, fused SGD): every pairing Device.sgd + amp.build_step can return off NPU
+# (precision, loss scale, fused SGD): every pairing trainer.optim's SGD + amp.build_step can return off NPU
 PAIRINGS = [("fp32", None, False), ("bf16", None, False), ("fp16", None, False), ("fp16", 128.0, False)]
 if HAS_FUSED_CPU:
     PAIRINGS += [("bf16", None, True), ("fp16", None, True), ("fp16", 128.0, True)]
@@ -108,19 +110,21 @@ def test_overflow_step_changes_nothing_and_next_steps_equal_plain_sgd(kind, loss
 
 @pytest.mark.skipif(not HAS_FUSED_CPU, reason="this torch has no fused SGD")
 def test_fused_sgd_probe_passes_and_catches_a_broken_pairing(monkeypatch):
-    devmod._fused_sgd_verdict.clear()
-    assert devmod.fused_sgd_skips_overflow(CPU) is True
+    sgdmod._fused_sgd_verdict.clear()
+    assert sgdmod.fused_sgd_skips_overflow(CPU) is True
     # without zero-initialised momentum, torch's fused SGD leaves garbage momentum after an overflow on
     # its first step: the probe must see it and the device layer must fall back to the unfused SGD
-    devmod._fused_sgd_verdict.clear()
-    monkeypatch.setattr(devmod, "zero_momentum_buffers", lambda opt: None)
-    assert devmod.fused_sgd_skips_overflow(CPU) is False
-    choice = CPU.sgd(tiny_model().parameters(), LR, MOMENTUM, WD, with_scaler=True, fused=True)
+    sgdmod._fused_sgd_verdict.clear()
+    monkeypatch.setattr(sgdmod, "zero_momentum_buffers", lambda opt: None)
+    assert sgdmod.fused_sgd_skips_overflow(CPU) is False
+    choice = create_optimizer("sgd", tiny_model().parameters(), LR, MOMENTUM, WD, CPU, with_scaler=True,
+                              fused=True)
     assert not choice.optimizer.defaults.get("fused") and choice.name == "torch.optim.SGD"
     assert "does not skip overflow steps" in choice.note
     # without a scaler there is no overflow to skip: fused stays
-    assert CPU.sgd(tiny_model().parameters(), LR, MOMENTUM, WD, with_scaler=False, fused=True).fused
-    devmod._fused_sgd_verdict.clear()
+    assert create_optimizer("sgd", tiny_model().parameters(), LR, MOMENTUM, WD, CPU, with_scaler=False,
+                            fused=True).fused
+    sgdmod._fused_sgd_verdict.clear()
 
 
 @needs_cpu_float16

@@ -143,7 +143,7 @@ class Battery:
     # -- checks
     def check_contract(self):
         from trainer import amp as ampmod
-        from trainer.device import fused_sgd_skips_overflow
+        from trainer.optim.sgd import fused_sgd_skips_overflow
         skipped = self.device.float16_missing()
         pairings = [] if skipped else [("float16", None), ("float16", 128.0)]
         try:

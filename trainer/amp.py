@@ -1,8 +1,8 @@
 """Mixed precision and the optimizer step, as one object.
 
 ``resolve`` decides the precision of a run (dtype, loss scaling) from the flags and the device;
-``build_step`` pairs the device's SGD with it and returns an ``OptimizerStep`` whose ``step(loss)``
-skips an update entirely when the gradients hold inf/NaN. Reasons and details: docs/PRECISION.md.
+``build_step`` pairs the optimizer (``--optimizer``, trainer/optim) with it and returns an ``OptimizerStep``
+whose ``step(loss)`` skips an update entirely when the gradients hold inf/NaN. Reasons and details: docs/PRECISION.md.
 """
 import contextlib
 import inspect
@@ -10,6 +10,7 @@ import inspect
 import torch
 
 from trainer import device as devmod
+from trainer import optim
 from trainer.errors import UsageError
 
 AMP_DTYPES = ("auto", "float16", "bfloat16")
@@ -117,13 +118,16 @@ def inspection_dtype(device, requested="auto"):
     return dtype, note
 
 
-def build_step(precision, device, model, lr, momentum, weight_decay, fused=None):
-    """(model, OptimizerStep): the device's SGD for ``model`` paired safely with ``precision``.
+def build_step(precision, device, model, lr, momentum, weight_decay, fused=None,
+               optimizer=optim.DEFAULT_OPTIMIZER):
+    """(model, OptimizerStep): optimizer ``optimizer`` (``--optimizer``; the device's SGD by default) for
+    ``model``, paired safely with ``precision``.
 
     apex initialises the model and optimizer together, so the model it returns replaces the one given.
     """
-    choice = device.sgd(model.parameters(), lr, momentum, weight_decay, with_scaler=precision.scaled,
-                        apex_amp_in_use=precision.impl == "apex", fused=fused)
+    choice = optim.create_optimizer(optimizer, model, lr, momentum, weight_decay, device,
+                                    with_scaler=precision.scaled, apex_amp_in_use=precision.impl == "apex",
+                                    fused=fused)
     if precision.impl == "apex":
         step = ApexStep(choice, precision)
         model = step.initialize(model)
@@ -132,6 +136,7 @@ def build_step(precision, device, model, lr, momentum, weight_decay, fused=None)
     else:
         step = PlainStep(choice, precision)
     step.device = device
+    step.optimizer_kind = optimizer
     return model, step
 
 
@@ -143,6 +148,7 @@ class OptimizerStep:
     """
 
     device = None
+    optimizer_kind = optim.DEFAULT_OPTIMIZER  # the --optimizer name
 
     def __init__(self, choice, precision):
         self.optimizer = choice.optimizer
@@ -194,11 +200,19 @@ class OptimizerStep:
 
     def restore(self, ckpt, log):
         """Optimizer and loss-scaler state from a checkpoint dict (this project's, an older one of ours
-        whose "amp" entry held everything, or the Ascend guide's / pytorch/examples')."""
+        whose "amp" entry held everything, or the Ascend guide's / pytorch/examples'). A checkpoint of another
+        --optimizer is a UsageError: its state does not fit (files without the entry are SGD's)."""
+        config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
+        theirs = config.get("optimizer") or optim.DEFAULT_OPTIMIZER
+        if ckpt.get("optimizer") and theirs != self.optimizer_kind:
+            raise UsageError("the checkpoint was trained with --optimizer {0} and this run asks for --optimizer {1}: "
+                             "resume with --optimizer {0}, or start a new run in another --output-dir".format(
+                                 theirs, self.optimizer_kind))
         if ckpt.get("optimizer"):
             self.optimizer.load_state_dict(ckpt["optimizer"])
             if self.optimizer.defaults.get("fused"):
-                devmod.zero_momentum_buffers(self.optimizer)  # a checkpoint saved before any step
+                from trainer.optim.sgd import zero_momentum_buffers
+                zero_momentum_buffers(self.optimizer)  # a checkpoint saved before any step
         meta, scaler, apex_state = _scaler_entries(ckpt)
         if meta is None and scaler is None and apex_state is None:
             return

@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 from trainer.device_names import DATA_BACKENDS, KIND_ALIASES, KINDS, canonical_kind
 from trainer.cli import HelpFormatter, UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
 from trainer.errors import UsageError
+from trainer.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 
 DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
 OPT_LEVELS = ("O1", "O2")
@@ -84,6 +85,7 @@ class Config:
     broadcast_buffers: bool
     dist_timeout: float
     combine_ddp: bool = False
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of trainer.optim.OPTIMIZERS
     pretrained_published: bool = False  # --pretrained alone: torchvision's published weights (``pretrained``: the file)
     explicit: Tuple[str, ...] = ()  # the flags given on the command line (their argparse dests)
     notes: Tuple[str, ...] = ()  # how the command line was adapted (logged at the start of the run)
@@ -210,6 +212,9 @@ def build_parser():
     t.add_argument("--recipe", default=None, metavar="NAME",
                    help="defaults from a published recipe, adapted to the process count (batch per device "
                         "kept, lr linear in the batch): " + ", ".join(recipes.names()))
+    t.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
+                   help="sgd: SGD with momentum (the device's fused kernel where it has one); lars: SGD momentum "
+                        "with a layer-wise trust ratio, for large global batches")
     t.add_argument("--label-smoothing", type=number(float, 0.0), default=0.0)
     t.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
                    help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step")
@@ -392,5 +397,5 @@ def validate(ns, env, notes=(), explicit=()):
         dist_backend=ns.dist_backend, multiprocessing_distributed=ns.multiprocessing_distributed,
         device_list=device_list, addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
         sync_bn=ns.sync_bn, broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout),
-        combine_ddp=ns.combine_ddp, explicit=tuple(sorted(explicit)), notes=notes,
+        combine_ddp=ns.combine_ddp, optimizer=ns.optimizer, explicit=tuple(sorted(explicit)), notes=notes,
     )

@@ -3,7 +3,7 @@
 Every device decision of the trainer is made here: which device ``auto`` means, setting
 the device once before any tensor touches it (an Ascend rule), moving batches, the
 target dtype (int32 on NPU, int64 elsewhere), pin_memory (off on NPU), synchronisation,
-the autocast dtype and gradient scaler, the optimizer implementation, the process-group
+the autocast dtype and gradient scaler, the fused optimizers it has, the process-group
 backend, seeding and RNG state. APIs newer than torch 1.11 (the Ascend stack) are guarded
 here with a fallback, so the rest of the trainer runs on torch 1.11 as on torch 2.x.
 """
@@ -326,69 +326,6 @@ def cuda_native_bf16(index=None):
     return major >= 8
 
 
-class SGDChoice:
-    """What ``Device.sgd`` returns: the optimizer, its name for logs, whether ``zero_grad`` may free the
-    gradients, and a note for the log (or None)."""
-
-    def __init__(self, optimizer, name, grads_to_none=True, note=None):
-        self.optimizer, self.name, self.grads_to_none, self.note = optimizer, name, grads_to_none, note
-
-    @property
-    def fused(self):
-        return bool(self.optimizer.defaults.get("fused")) if hasattr(self.optimizer, "defaults") else False
-
-
-def zero_momentum_buffers(optimizer):
-    """Create every SGD momentum buffer as zeros now (first step then equals torch's: buf = grad)."""
-    for group in optimizer.param_groups:
-        if group.get("momentum", 0) == 0:
-            continue
-        for p in group["params"]:
-            state = optimizer.state[p]
-            if state.get("momentum_buffer") is None:
-                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-
-_fused_sgd_verdict = {}
-
-
-def fused_sgd_skips_overflow(device):
-    """Prove on ``device`` that torch's fused SGD + GradScaler skips an overflow step entirely.
-
-    Runs one tiny step with an inf gradient, then one finite step, and compares parameters and momentum
-    bitwise with the expected values. Cached per device kind; False when anything in it fails.
-    """
-    key = device.name
-    if key not in _fused_sgd_verdict:
-        try:
-            _fused_sgd_verdict[key] = _probe_fused_sgd(device)
-        except Exception:
-            _fused_sgd_verdict[key] = False
-    return _fused_sgd_verdict[key]
-
-
-def _probe_fused_sgd(device):
-    dev = device.torch_device
-    w = torch.nn.Parameter(torch.tensor([1.0, -2.0, 3.0, 0.5], device=dev))
-    opt = torch.optim.SGD([w], lr=0.5, momentum=0.9, weight_decay=0.01, fused=True)
-    zero_momentum_buffers(opt)
-    scaler = device.grad_scaler(None)
-    before = w.detach().clone()
-    buf_before = opt.state[w]["momentum_buffer"].clone()
-    scaler.scale((w * torch.tensor([1.0, float("inf"), 1.0, 1.0], device=dev)).sum()).backward()
-    scaler.step(opt)
-    scaler.update()
-    if not (torch.equal(w.detach(), before) and torch.equal(opt.state[w]["momentum_buffer"], buf_before)):
-        return False
-    g = torch.tensor([0.25, 0.5, -1.0, 2.0], device=dev)
-    opt.zero_grad()
-    scaler.scale((w * g).sum()).backward()
-    scaler.step(opt)
-    scaler.update()
-    d = g + 0.01 * before  # first finite step of torch's SGD: buf = d, w -= lr * buf
-    return bool(torch.allclose(w.detach(), before - 0.5 * d, rtol=1e-6, atol=1e-7))
-
-
 # ---------------------------------------------------------------- the device
 
 
@@ -612,47 +549,27 @@ class Device:
             raise UsageError("float16 autocast {}".format(missing))
         return torch.cuda.amp.GradScaler(init_scale=init)
 
-    # -- optimizer
-    def sgd(self, params, lr, momentum, weight_decay, with_scaler=False, apex_amp_in_use=False, fused=None):
-        """An ``SGDChoice``: SGD with momentum for this device, safe with a GradScaler.
+    # -- optimizer (the choice among them: trainer/optim)
+    @property
+    def prefers_torch_fused_sgd(self):
+        """Whether SGD uses torch's fused kernel here by default (where the installed torch has it and it is
+        proven to skip overflow steps: trainer/optim/sgd.py): on CUDA."""
+        return self.kind == "cuda"
 
-        ``fused`` None: the device's fastest SGD (torch_npu/apex NpuFusedSGD on NPU, torch's fused SGD
-        on CUDA, torch's default elsewhere); True/False forces torch's fused kernel on or off (tests
-        exercise the CUDA pairing on the CPU this way). torch's fused SGD is used with a GradScaler only
-        when ``fused_sgd_skips_overflow`` proves, on this device, that an overflow step leaves parameters
-        and momentum untouched; its momentum buffers are created as zeros up front, because torch
-        creates them with ``empty_like`` on the first step and an overflow there leaves them garbage.
-        """
-        params = list(params)
-        if self.kind == "npu" and fused is None:
-            npu = npu_module()
-            opt_cls = getattr(getattr(npu, "optim", None), "NpuFusedSGD", None)
-            name = "torch_npu.optim.NpuFusedSGD"
-            if apex_amp_in_use:
-                try:
-                    from apex.optimizers import NpuFusedSGD as apex_fused
-                    opt_cls, name = apex_fused, "apex.optimizers.NpuFusedSGD"
-                except Exception:
-                    pass
-            if opt_cls is not None:
-                # NPU fused optimizers keep gradients in one flat buffer: zero_grad(set_to_none=True) raises
-                return SGDChoice(opt_cls(params, lr=lr, momentum=momentum, weight_decay=weight_decay), name,
-                                 grads_to_none=False)
-        has_fused = "fused" in inspect.signature(torch.optim.SGD).parameters
-        want = (self.kind == "cuda") if fused is None else bool(fused)
-        note = None
-        if want and not has_fused:
-            want = False
-        if want and with_scaler and not fused_sgd_skips_overflow(self):
-            want = False
-            note = ("torch {}'s fused SGD does not skip overflow steps cleanly on {}: using the unfused SGD "
-                    "with the loss scaler".format(torch.__version__, self.name))
-        if want:
-            opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=True)
-            zero_momentum_buffers(opt)
-            return SGDChoice(opt, "torch.optim.SGD(fused)", grads_to_none=True, note=note)
-        return SGDChoice(torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
-                         "torch.optim.SGD", grads_to_none=True, note=note)
+    def native_fused_sgd(self, apex_amp_in_use=False):
+        """(class, name) of this device's own fused SGD, or None: on NPU torch_npu's NpuFusedSGD (apex's with
+        apex.amp, where Ascend apex has it). Its gradients live in one flat buffer (zero_grad keeps them)."""
+        if self.kind != "npu":
+            return None
+        opt_cls = getattr(getattr(npu_module(), "optim", None), "NpuFusedSGD", None)
+        name = "torch_npu.optim.NpuFusedSGD"
+        if apex_amp_in_use:
+            try:
+                from apex.optimizers import NpuFusedSGD as apex_fused
+                opt_cls, name = apex_fused, "apex.optimizers.NpuFusedSGD"
+            except Exception:
+                pass
+        return (opt_cls, name) if opt_cls is not None else None
 
     # -- JPEG decoding where the model runs (--data-backend gpu)
     @property

@@ -232,7 +232,8 @@ def build(cfg, device, dist, log, rs, reader):
         return Job(model=model, model_for_eval=model, eval_state_dict=sd, **parts)
 
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(device.torch_device)
-    model, step = ampmod.build_step(precision, device, model, cfg.lr, cfg.momentum, cfg.weight_decay)
+    model, step = ampmod.build_step(precision, device, model, cfg.lr, cfg.momentum, cfg.weight_decay,
+                                    optimizer=cfg.optimizer)
     for note in cfg.notes + tuple(step.notes):
         log("note: " + note)
     start_epoch, best_acc1 = cfg.start_epoch, None

@@ -1,0 +1,100 @@
+"""LARS: layer-wise adaptive rate scaling (You, Gitman and Ginsburg 2017), as MLPerf's ResNet-50 uses it.
+
+Each weight tensor's step is scaled by its trust ratio ``eta * ||w|| / (||g|| + wd * ||w||)`` (1 where
+either norm is zero), with SGD momentum on top, as torch's SGD applies it::
+
+    d   = trust * (g + wd * w)
+    buf = momentum * buf + d            (the first step: buf = d)
+    w   = w - lr * buf
+
+BatchNorm parameters and biases are excluded, as in MLPerf's reference: no trust ratio and no weight decay
+(``d = g``). Everything stays on the device (no host sync); the momentum buffers are created as zeros when
+the optimizer is built, so a checkpoint always holds them. A step that a GradScaler skips for inf/NaN
+gradients never reaches ``step`` and changes nothing.
+"""
+import torch
+
+from trainer.errors import UsageError
+from trainer.optim.choice import OptimizerChoice
+
+NORM_LAYERS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm,
+               torch.nn.GroupNorm, torch.nn.LayerNorm)
+
+
+def lars_groups(params_or_model, weight_decay):
+    """Parameter groups for LARS: weights, and the excluded BatchNorm (norm-layer) parameters and biases
+    (``lars_exclude``, no weight decay). A model is split by module type and parameter name; bare parameters
+    by shape (1-D: a bias or a norm layer's scale)."""
+    weights, excluded = [], []
+    if isinstance(params_or_model, torch.nn.Module):
+        seen = set()
+        for module in params_or_model.modules():
+            for name, p in module.named_parameters(recurse=False):
+                if id(p) in seen or not p.requires_grad:
+                    continue
+                seen.add(id(p))
+                (excluded if isinstance(module, NORM_LAYERS) or name == "bias" else weights).append(p)
+    else:
+        for p in params_or_model:
+            if p.requires_grad:
+                (excluded if p.dim() <= 1 else weights).append(p)
+    groups = []
+    if weights:
+        groups.append({"params": weights})
+    if excluded:
+        groups.append({"params": excluded, "weight_decay": 0.0, "lars_exclude": True})
+    return groups
+
+
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum and a layer-wise trust ratio (see the module docstring)."""
+
+    def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.001):
+        if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0:
+            raise ValueError("LARS: lr, momentum and weight_decay must be >= 0 and eta > 0")
+        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta,
+                    "lars_exclude": False}
+        super(LARS, self).__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, wd, eta = group["lr"], group["momentum"], group["weight_decay"], group["eta"]
+            exclude = group["lars_exclude"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if exclude:
+                    d = g.clone() if wd == 0 else g.add(p, alpha=wd)
+                else:
+                    w_norm = torch.norm(p)
+                    g_norm = torch.norm(g)
+                    trust = torch.where((w_norm > 0) & (g_norm > 0), eta * w_norm / (g_norm + wd * w_norm),
+                                        torch.ones_like(w_norm))
+                    d = g.add(p, alpha=wd) if wd != 0 else g.clone()
+                    d.mul_(trust)
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                buf.mul_(momentum).add_(d)
+                p.add_(buf, alpha=-lr)
+        return loss
+
+
+def build_lars(params_or_model, lr, momentum, weight_decay, device, with_scaler=False, apex_amp_in_use=False,
+               fused=None):
+    """``--optimizer lars``: plain torch, the same on every device (``device`` is not consulted). A GradScaler
+    skips its step on inf/NaN gradients like any unfused optimizer's."""
+    if fused:
+        raise UsageError("--optimizer lars has no fused kernel: torch's fused SGD applies to --optimizer sgd only")
+    return OptimizerChoice(LARS(lars_groups(params_or_model, weight_decay), lr=lr, momentum=momentum,
+                                weight_decay=weight_decay), "trainer.optim.LARS", grads_to_none=True)
