@@ -466,7 +466,7 @@ def test_env_npu_info_file_without_toolkit_says_so(tmp_path):
                                            "nothing sourced".format(tmp_path / "empty"))
 
 
-# ---------------------------------------------------------------- tools/acceptance.py
+# ---------------------------------------------------------------- modelzoo/acceptance.py (and tools/acceptance.py)
 
 
 def summary(**kw):
