@@ -45,7 +45,7 @@ def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path, monkeypatc
     """fps-shufflenet --small: synthetic, bare loop, and the trainer fed from JPEGs by the default backend
     and by the other one (the device backend's logic runs on CPU tensors here), which decodes in a thread
     beside the step as on CUDA (forced here) and once more on the training thread."""
-    from trainer import batch_decode
+    from trainer.data import device_backend as batch_decode
     from trainer.device import Device
     monkeypatch.setattr(Device, "decode_ahead", property(lambda self: True))
     monkeypatch.setattr(check_device, "SMALL_FPS_PASS", 0.0)  # timing is not asserted: the check's rows are
@@ -70,7 +70,7 @@ def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path, monkeypatc
 def test_backends_check_trains_from_both_data_backends_with_batched_crops_on_cpu(tmp_path, monkeypatch):
     """backends --small: one run per data backend from the same seed; on a CPU the device backend runs the
     batched roi_align crops an accelerator runs (its CPU default crops image by image)."""
-    from trainer import batch_decode
+    from trainer.data import device_backend as batch_decode
     calls = []
     real = batch_decode.resized_crops
     monkeypatch.setattr(batch_decode, "resized_crops", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))

@@ -207,7 +207,7 @@ def test_torch_uses_follows_imports_and_aliases():
 # vermin (https://pypi.org/project/vermin/) finds the minimum Python each line needs, from its syntax and
 # its standard library. Annotations count (Python 3.7 evaluates them). ``--exclude long``: vermin takes
 # ``t.long()`` for Python 2's builtin ``long``, which Python 3 lacks, and then gives the file no verdict (its
-# exit status let a walrus added to trainer/batch_decode.py pass).
+# exit status let a walrus added to trainer/data/device_backend.py pass).
 VERMIN_ARGS = ["--no-config-file", "--no-make-paths-absolute", "--format", "parsable", "--violations",
                "-t=3.7-", "--eval-annotations", "--exclude", "long"]
 

@@ -171,7 +171,7 @@ def _images(sizes, seed=0):
 
 
 def test_batched_crop_resize_copies_an_identity_region_and_is_independent_of_its_batch(monkeypatch):
-    from trainer import batch_decode as bd
+    from trainer.data import device_backend as bd
     imgs = _images([(40, 50), (64, 32), (30, 30), (100, 80)])
     assert torch.equal(bd.resized_crops([imgs[2]], [(0.0, 0.0, 30.0, 30.0)], 30, [False])[0], imgs[2])
     assert torch.equal(bd.resized_crops([imgs[2]], [(0.0, 0.0, 30.0, 30.0)], 30, [True])[0], imgs[2].flip(-1))
@@ -192,7 +192,7 @@ def test_batched_crop_resize_is_close_to_antialiased_interpolation(uint8):
     """roi_align's box filter against the triangle filter of the image-by-image antialiased resize (float, as
     on an accelerator without roi_align; uint8, as on a CPU), on smooth images (shrinking up to 4x and
     enlarging): a fraction of a grey level apart on average."""
-    from trainer import batch_decode as bd
+    from trainer.data import device_backend as bd
     from trainer.device import uint8_antialias_resize
     if uint8 and not uint8_antialias_resize():
         pytest.skip("this torch has no uint8 antialiased resize")
@@ -220,7 +220,8 @@ def resize_path(request, monkeypatch):
     if request.param != "pil-resize" and not devmod.uint8_antialias_resize():
         pytest.skip("this torch has no uint8 antialiased resize")
     monkeypatch.setattr(devmod, "_UINT8_RESIZE", [request.param != "pil-resize"])
-    monkeypatch.setattr(data, "_PIL_SIMD", [request.param == "pillow-simd"])
+    from trainer.data import images
+    monkeypatch.setattr(images, "_PIL_SIMD", [request.param == "pillow-simd"])
     assert data.torch_resize() == use_torch
     return request.param
 

@@ -71,6 +71,8 @@ def _imports(module, import_time_only):
                 parts = t.split(".")
                 for i in range(1, len(parts) + 1):  # importing a.b.c imports a and a.b first
                     target = _project(".".join(parts[:i]))
+                    if i < len(parts) and target and module.startswith(target + "."):
+                        continue  # a package of this module's own: imported before it, whatever it does
                     if target and target != module:
                         found.append((child.lineno, target))
             visit(child, in_function)

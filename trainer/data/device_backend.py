@@ -2,7 +2,7 @@
 the model runs.
 
 Workers only read each file's bytes and its header (size, format, colour mode), draw the sample's crop
-and flip from its seed exactly as the CPU backend does (``data.TrainCrop.params``: the same draws, so the
+and flip from its seed exactly as the CPU backend does (``TrainCrop.params``: the same draws, so the
 same crop for the same seed), and hand over (bytes, box, flip). The training process decodes the batch
 with the device's decoder (``Device.jpeg_decoder``: nvJPEG through torchvision.io.decode_jpeg on CUDA,
 DVPP through torchvision_npu on NPU, libjpeg on the CPU), then crops, resizes and flips the whole batch in
@@ -24,6 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
+from trainer.data.images import (Box, open_image, pil_to_chw, read_bytes, rgb, sample_rng, tensor_crop_resize,
+                                 transformed)
+from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, padded_length
+from trainer.data.transforms import center_region, train_transform, val_transform
 from trainer.device import uint8_antialias_resize
 
 DEVICE_MODES = ("RGB", "L")  # JPEG colour modes the device decoders convert to RGB themselves
@@ -32,7 +36,7 @@ DEVICE_MODES = ("RGB", "L")  # JPEG colour modes the device decoders convert to 
 class EncodedDataset(torch.utils.data.Dataset):
     """(path, class) samples -> (file bytes, box, flip, fallback image, class, path) for a device decoder.
 
-    ``box`` is (top, left, height, width) of the region to resize to ``size`` (train: the sample's
+    ``box`` is the Box (as int64 left, top, right, bottom) to resize to ``size`` (train: the sample's
     RandomResizedCrop; val: the whole image, resized then centre-cropped on the device). A sample the
     device cannot decode comes back decoded here (``fallback``, uint8 CHW) with empty bytes.
     """
@@ -44,18 +48,18 @@ class EncodedDataset(torch.utils.data.Dataset):
         return len(self.samples)
 
     def __getitem__(self, item):
-        from trainer import data
         index, seed = item if isinstance(item, tuple) else (item, None)
         path, target = self.samples[index]
-        raw = data.read_bytes(path)
-        img = data.open_image(raw, path)
+        raw = read_bytes(path)
+        img = open_image(raw, path)
         if img.format != "JPEG" or img.mode not in DEVICE_MODES:
-            return _EMPTY, _NO_BOX, False, data.transformed(img, self.cpu_transform, seed, path), target, path
+            return _EMPTY, _NO_BOX, False, transformed(img, self.cpu_transform, seed, path), target, path
         if self.train:
-            top, left, h, w, flip = self.cpu_transform.params(img.size[0], img.size[1], data.sample_rng(seed))
+            top, left, h, w, flip = self.cpu_transform.params(img.size[0], img.size[1], sample_rng(seed))
+            box = Box.from_crop(top, left, h, w)
         else:
-            (left, top), (w, h), flip = (0, 0), img.size, False
-        box = torch.tensor([top, left, h, w], dtype=torch.int64)
+            box, flip = Box(0, 0, img.size[0], img.size[1]), False
+        box = torch.tensor(box, dtype=torch.int64)
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8), box, flip, _NO_IMAGE, target, path
 
 
@@ -181,11 +185,8 @@ class DeviceDecodeLoader:
         """The source region (y1, x1, y2, x2) that becomes the output: the sample's crop (train), or the part
         of the image that Resize(resize) then CenterCrop(size) keep, in source pixels (validation)."""
         if self.train:
-            top, left, h, w = box
-            return float(top), float(left), float(top + h), float(left + w)
-        from trainer import data
-        _, (x1, y1, x2, y2) = data.center_region(img.shape[-1], img.shape[-2], self.resize, self.size)
-        return y1, x1, y2, x2
+            return tuple(float(v) for v in Box(*box).yxyx())
+        return center_region(img.shape[-1], img.shape[-2], self.resize, self.size)[1].yxyx()
 
     def _decode(self, raws, paths):
         if not raws:
@@ -198,9 +199,8 @@ class DeviceDecodeLoader:
                 try:
                     out.extend(self.decode([raw]))
                 except RuntimeError:
-                    from trainer import data
-                    img = data.open_image(bytes(raw.numpy()), path)
-                    out.append(data.pil_to_chw(data.rgb(img, path)))
+                    img = open_image(bytes(raw.numpy()), path)
+                    out.append(pil_to_chw(rgb(img, path)))
                     self.fallbacks += 1
             return out
 
@@ -210,8 +210,7 @@ class DeviceDecodeLoader:
         if img.shape[0] == 1:
             img = img.expand(3, -1, -1)
         if self._per_image_uint8:
-            from trainer import data
-            return data.tensor_crop_resize(img, (roi[1], roi[0], roi[3], roi[2]), s, flip)
+            return tensor_crop_resize(img, Box(roi[1], roi[0], roi[3], roi[2]), s, flip)
         y1, x1, y2, x2 = (int(round(v)) for v in roi)
         y1, x1 = max(y1, 0), max(x1, 0)
         y2, x2 = max(min(y2, img.shape[1]), y1 + 1), max(min(x2, img.shape[2]), x1 + 1)
@@ -283,3 +282,22 @@ def _roi_chunk(roi_align, images, meta, size, hmax, wmax):
         buf = torch.gather(buf, 3, cols.view(n, 1, 1, wmax).expand(n, 3, hmax, wmax))
     boxes = torch.cat([torch.arange(n, device=dev, dtype=torch.float32).view(n, 1), meta[:, 2:6]], 1)
     return roi_align(buf, boxes, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+
+
+def loaders(spec, device, train_samples, val_samples):
+    """(train loader or None, validation loader) of uint8 batches decoded on the device by ``spec.decode``
+    (the workers read the files; not pinned: the decoder copies the bytes itself)."""
+    train = None
+    if train_samples is not None:
+        sampler = EpochSampler(len(train_samples), spec.seed, spec.rank, spec.world_size)
+        crop = train_transform(spec.train_crop_size, spec.crop_scale_min)
+        ds = EncodedDataset(train_samples, True, crop, spec.train_crop_size)
+        train = DeviceDecodeLoader(dataloader(ds, spec.batch_per_rank, sampler, spec.workers, False, True, collate),
+                                   device, spec.decode, spec.train_crop_size, True)
+    center = val_transform(spec.val_resize_size, spec.val_crop_size)
+    length = padded_length(len(val_samples), spec.batch_per_rank, spec.world_size)
+    padded = PaddedEncoded(EncodedDataset(val_samples, False, center, spec.val_crop_size), length, spec.val_crop_size)
+    val = DeviceDecodeLoader(
+        dataloader(padded, spec.batch_per_rank, ShardSampler(length, spec.rank, spec.world_size), spec.workers,
+                   False, False, collate), device, spec.decode, spec.val_crop_size, False, resize=spec.val_resize_size)
+    return train, val

@@ -1,0 +1,103 @@
+"""Image folders: the ImageNet layout (train/CLASS/*, val/CLASS/* or tiny-imagenet's val/images +
+val_annotations.txt), classes in sorted order, every problem named with its fix."""
+import os
+
+from trainer.errors import DataError
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _visible_dirs(path):
+    return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+
+
+def _images_under(path):
+    out = []
+    for root, dirs, files in os.walk(path, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
+                out.append(os.path.join(root, name))
+    return out
+
+
+def _is_tiny_imagenet_val(val_dir):
+    return (os.path.isfile(os.path.join(val_dir, "val_annotations.txt"))
+            and os.path.isdir(os.path.join(val_dir, "images")))
+
+
+def check_data_root(root, need_train=True):
+    if not os.path.exists(root):
+        raise DataError("data directory '{}' does not exist".format(root))
+    if not os.path.isdir(root):
+        raise DataError("data path '{}' is not a directory".format(root))
+    if not os.listdir(root):
+        raise DataError("data directory '{}' is empty: it needs train/ and val/ subfolders".format(root))
+    for sub in (("train", "val") if need_train else ("val",)):
+        if not os.path.isdir(os.path.join(root, sub)):
+            raise DataError("data directory '{}' has no {}/ folder (expected {}/train/<class>/*.JPEG "
+                            "and {}/val/<class>/*.JPEG)".format(root, sub, root, root))
+
+
+def find_classes(train_dir):
+    classes = _visible_dirs(train_dir)
+    if not classes:
+        raise DataError("'{}' holds no class folders".format(train_dir))
+    return classes
+
+
+def scan_train(train_dir, classes):
+    samples = []
+    for idx, name in enumerate(classes):
+        files = _images_under(os.path.join(train_dir, name))
+        if not files:
+            raise DataError("class folder '{}' holds no images ({})".format(
+                os.path.join(train_dir, name), "/".join(IMG_EXTENSIONS)))
+        samples.extend((f, idx) for f in files)
+    return samples
+
+
+def scan_val(val_dir, class_to_idx):
+    """Validation samples labelled with the TRAINING set's class map."""
+    if _is_tiny_imagenet_val(val_dir):
+        return _scan_tiny_val(val_dir, class_to_idx)
+    val_classes = _visible_dirs(val_dir)
+    missing = sorted(set(class_to_idx) - set(val_classes))
+    extra = sorted(set(val_classes) - set(class_to_idx))
+    if extra:
+        raise DataError("val/ has class folder(s) not in train/: {}".format(_names(extra)))
+    if missing:
+        raise DataError("val/ lacks class folder(s) that train/ has: {}".format(_names(missing)))
+    samples = []
+    for name in val_classes:
+        samples.extend((f, class_to_idx[name]) for f in _images_under(os.path.join(val_dir, name)))
+    if not samples:
+        raise DataError("'{}' holds no images".format(val_dir))
+    return samples
+
+
+def _scan_tiny_val(val_dir, class_to_idx):
+    samples = []
+    ann = os.path.join(val_dir, "val_annotations.txt")
+    with open(ann) as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.strip().split("\t")
+            if not fields or not fields[0]:
+                continue
+            if len(fields) < 2:
+                raise DataError("{}:{}: expected 'FILE<tab>WNID', got '{}'".format(ann, lineno, line.strip()))
+            name, wnid = fields[0], fields[1]
+            if wnid not in class_to_idx:
+                raise DataError("{}:{}: class '{}' is not in train/".format(ann, lineno, wnid))
+            path = os.path.join(val_dir, "images", name)
+            if not os.path.isfile(path):
+                raise DataError("{}:{}: image '{}' does not exist".format(ann, lineno, path))
+            samples.append((path, class_to_idx[wnid]))
+    if not samples:
+        raise DataError("'{}' lists no images".format(ann))
+    return samples
+
+
+def _names(names, limit=5):
+    shown = ", ".join(names[:limit])
+    return shown + (" and {} more".format(len(names) - limit) if len(names) > limit else "")

@@ -1,0 +1,64 @@
+"""Samplers: the training order of an epoch (shuffled, sharded, a seed per sample) and the validation
+shards (every image on exactly one rank); the DataLoader settings both backends share."""
+import math
+
+import torch
+
+from trainer.data.images import sample_seed
+
+
+def padded_length(n, batch_per_rank, world_size):
+    chunk = batch_per_rank * world_size
+    return int(math.ceil(n / float(chunk))) * chunk
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Shuffled, sharded training order for one epoch: yields (index, sample seed).
+
+    Like DistributedSampler with drop_last=True: each rank gets len // world items,
+    distinct across ranks; the order depends on (seed, epoch) only.
+    """
+
+    def __init__(self, n, seed, rank=0, world_size=1):
+        self.n, self.seed, self.rank, self.world_size = n, seed, rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n // self.world_size
+
+    def __iter__(self):
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.n, generator=g).tolist()
+        total = len(self) * self.world_size
+        for index in order[self.rank:total:self.world_size]:
+            yield index, sample_seed(self.seed, self.epoch, index)
+
+
+class ShardSampler(torch.utils.data.Sampler):
+    """Strided shard of range(n): each index on exactly one rank."""
+
+    def __init__(self, n, rank=0, world_size=1):
+        self.indices = list(range(rank, n, world_size))
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+
+def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None):
+    kwargs = {}
+    if workers > 0:
+        # at least 4 batches under way per process (DataLoader's default 2 per worker leaves a lone worker
+        # with 2): a slow file or a busy core then does not stall the step
+        kwargs.update(persistent_workers=True, prefetch_factor=max(2, int(math.ceil(4.0 / workers))))
+    if collate_fn is not None:
+        kwargs["collate_fn"] = collate_fn
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=batch, sampler=sampler, num_workers=workers,
+        pin_memory=pin_memory, drop_last=drop_last, **kwargs)
