@@ -621,6 +621,16 @@ def test_acceptance_cli_errors(tmp_path, args, code, fragment):
         assert fragment in proc.stderr
 
 
+def test_the_modules_run_from_the_repository_root_without_the_project_installed():
+    """The Ascend machines' way: `python3 -m tools.acceptance` / `-m modelzoo.drivers` from the repository root,
+    with no site-packages at all (-S: not this environment's editable install either)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for argv, first in ((["-m", "tools.acceptance", "--help"], "usage: python3 -m tools.acceptance"),
+                        (["-m", "modelzoo.drivers", "full", "8p", "--help"], "usage: bash test/train_full_8p.sh")):
+        proc = subprocess.run([PY, "-S"] + argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and proc.stdout.startswith(first), proc.stdout + proc.stderr
+
+
 # ---------------------------------------------------------------- one recipe engine
 
 
