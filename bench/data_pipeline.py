@@ -35,7 +35,7 @@ images/s of each and their ratio. --synthetic adds both loops on synthetic data 
 the loop on one batch made once), which splits each one's time per image into the model's and the data's.
 
 --host-memory: one training epoch of main.py from the JPEGs with the trainer's host-memory setting on a CPU
-(glibc keeps freed blocks for the next step: trainer/device.py keep_host_memory) and with glibc's own
+(glibc keeps freed blocks for the next step: trainer/device/host.py keep_host_memory) and with glibc's own
 behaviour (MALLOC_PERTURB_=0 in the environment, which changes nothing in glibc but leaves the choice to
 the user), alternating, --rounds times; images/s and the process's peak resident memory.
 

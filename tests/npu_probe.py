@@ -167,11 +167,11 @@ try:
 except UsageError as exc:
     obs["native_combine_ddp"] = str(exc)
 real_apex_amp = devmod.apex_amp
-devmod.apex_amp = lambda: None  # an NPU host without Ascend apex
+devmod.apex_amp = devmod.runtime.apex_amp = lambda: None  # an NPU host without Ascend apex
 cfg = cfg_for("--amp", "--device", "npu")
 obs["amp_without_apex"] = {"impl": cfg.amp_impl, "loss_scale": cfg.loss_scale,
                            "precision": ampmod.resolve(cfg, dev).dtype_name}
-devmod.apex_amp = real_apex_amp
+devmod.apex_amp = devmod.runtime.apex_amp = real_apex_amp
 
 # 8. the guides' model name builds the NPU-affine variant, with int32 shuffle indices
 from trainer import run as runmod  # noqa: E402

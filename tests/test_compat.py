@@ -21,7 +21,13 @@ for top in TOPS:
     for dirpath, _, files in os.walk(path):
         SOURCES.extend(os.path.join(dirpath, f) for f in files if f.endswith(".py"))
 
-DEVICE_LAYER = (os.path.join("trainer", "device.py"), os.path.join("trainer", "device_names.py"))
+DEVICE_PACKAGE = os.path.join("trainer", "device") + os.sep  # the package: its facade, base, one module per kind
+DEVICE_LAYER = (os.path.join("trainer", "device_names.py"),)
+
+
+def in_device_layer(rel):
+    """Whether ``rel`` (a path from the repository root) is a module of the device layer."""
+    return rel.startswith(DEVICE_PACKAGE) or rel in DEVICE_LAYER
 
 
 @pytest.mark.parametrize("path", sorted(SOURCES), ids=lambda p: os.path.relpath(p, ROOT))
@@ -33,12 +39,12 @@ def test_parses_as_python_37(path):
 
 
 def test_device_words_stay_in_the_device_layer():
-    """Only the device layer (trainer/device.py, and trainer/device_names.py, its torch-free names) names
+    """Only the device layer (trainer/device/, and trainer/device_names.py, its torch-free names) names
     device kinds: no other trainer module decides per kind."""
     offenders = []
     for path in SOURCES:
         rel = os.path.relpath(path, ROOT)
-        if not rel.startswith("trainer" + os.sep) or os.path.basename(rel) in ("device.py", "device_names.py"):
+        if not rel.startswith("trainer" + os.sep) or in_device_layer(rel):
             continue
         with open(path) as f:
             for n, line in enumerate(f, 1):
@@ -135,7 +141,7 @@ def test_torch_names_exist_in_torch_111():
         unknown = unknown_in_torch111(name)
         if not unknown or newer_entry(name):
             continue
-        fix = "put it behind a version guard in trainer/device.py and list it in NEWER (tests/test_compat.py)"
+        fix = "put it behind a version guard in trainer/device/ and list it in NEWER (tests/test_compat.py)"
         if any(p.startswith("_") and not p.endswith("__") for p in unknown.split(".")):
             fix = ("the list has private names only where tests/compat/make_torch111_api.py's KEEP_PRIVATE names "
                    "them: add it there and remake the list if torch 1.11 has it, else " + fix)
@@ -146,9 +152,9 @@ def test_torch_names_exist_in_torch_111():
 
 def test_newer_names_stay_in_the_device_layer():
     """The torch names newer than 1.11 are used only in the device layer, where each has its version guard."""
-    offenders = ["{}:{}: {} is newer than torch 1.11 (NEWER: {}); put it behind a version guard in trainer/device.py"
+    offenders = ["{}:{}: {} is newer than torch 1.11 (NEWER: {}); put it behind a version guard in trainer/device/"
                  .format(rel, line, name, NEWER[newer_entry(name)])
-                 for rel, line, name in all_uses() if newer_entry(name) and rel not in DEVICE_LAYER]
+                 for rel, line, name in all_uses() if newer_entry(name) and not in_device_layer(rel)]
     assert not offenders, "\n".join(offenders)
 
 

@@ -215,7 +215,7 @@ def test_batched_crop_resize_is_close_to_antialiased_interpolation(uint8):
 def resize_path(request, monkeypatch):
     """The CPU backend's two resizes: torch's uint8 one (torch >= 2.1, Pillow), PIL's (older torch, or
     pillow-simd installed; its detection is faked here, its resize is Pillow's)."""
-    from trainer import device as devmod
+    from trainer.device import shims as devmod  # the guard's module, which holds its cache
     use_torch = request.param == "torch-resize"
     if request.param != "pil-resize" and not devmod.uint8_antialias_resize():
         pytest.skip("this torch has no uint8 antialiased resize")

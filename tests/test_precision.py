@@ -11,6 +11,7 @@ from conftest import RANKS, SMALL, assert_one_line_error, needs_cpu_float16, rea
 from trainer import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
+from trainer.device import host as hostmod
 from trainer.optim import create_optimizer
 from trainer.optim import sgd as sgdmod
 from trainer.guard import MAX_CONSECUTIVE_OVERFLOWS, Diverged, Guard
@@ -155,7 +156,7 @@ def test_resume_restores_scaler_and_overflow_count():
 
 @pytest.mark.parametrize("native", [True, False])
 def test_cpu_auto_dtype_follows_the_bf16_probe(monkeypatch, native):
-    monkeypatch.setattr(devmod, "cpu_native_bf16", lambda: native)
+    monkeypatch.setattr(hostmod, "cpu_native_bf16", lambda: native)
     dtype, note = CPU.resolve_amp_dtype("auto")
     if native:
         assert dtype == torch.bfloat16 and note is None
@@ -176,14 +177,14 @@ def test_cuda_auto_dtype_follows_compute_capability(monkeypatch, capability, exp
 def test_cpu_bf16_probe_reads_cpuinfo_when_torch_has_no_probe(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
-    assert "avx512_bf16" in devmod._cpuinfo_flags(str(info))
+    assert "avx512_bf16" in hostmod._cpuinfo_flags(str(info))
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", None, raising=False)
-    monkeypatch.setattr(devmod, "_cpuinfo_flags", lambda path=None: {"avx2", "avx512_bf16"})
-    assert devmod.cpu_native_bf16() is True
-    monkeypatch.setattr(devmod, "_cpuinfo_flags", lambda path=None: {"avx2", "fma"})
-    assert devmod.cpu_native_bf16() is False
-    monkeypatch.setattr(devmod, "_cpuinfo_flags", lambda path=None: {"fp", "asimd", "bf16"})  # aarch64
-    assert devmod.cpu_native_bf16() is True
+    monkeypatch.setattr(hostmod, "_cpuinfo_flags", lambda path=None: {"avx2", "avx512_bf16"})
+    assert hostmod.cpu_native_bf16() is True
+    monkeypatch.setattr(hostmod, "_cpuinfo_flags", lambda path=None: {"avx2", "fma"})
+    assert hostmod.cpu_native_bf16() is False
+    monkeypatch.setattr(hostmod, "_cpuinfo_flags", lambda path=None: {"fp", "asimd", "bf16"})  # aarch64
+    assert hostmod.cpu_native_bf16() is True
 
 
 def test_amp_on_this_cpu_is_never_a_slow_bf16_run(shapes, tmp_path):

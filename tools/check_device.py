@@ -383,16 +383,21 @@ class Battery:
 
 @contextlib.contextmanager
 def device_properties(**values):
-    """``Device``'s named properties answer ``values`` inside the block, on every device."""
-    from trainer.device import Device
-    saved = {name: Device.__dict__[name] for name in values}
-    for name, value in values.items():
-        setattr(Device, name, property(lambda self, value=value: value))
+    """``Device``'s named attributes answer ``values`` inside the block, on every device (each kind's class)."""
+    from trainer.device import KINDS, Device, class_for
+    missing = object()
+    saved = [(cls, name, cls.__dict__.get(name, missing))
+             for cls in [Device] + [class_for(k) for k in KINDS] for name in values]
+    for cls, name, _ in saved:
+        setattr(cls, name, property(lambda self, value=values[name]: value))
     try:
         yield
     finally:
-        for name, prop in saved.items():
-            setattr(Device, name, prop)
+        for cls, name, old in saved:
+            if old is missing:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, old)
 
 
 def batched_crops():

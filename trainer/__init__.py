@@ -1,7 +1,8 @@
 """Machinery of the ImageNet trainer, one concern per module (the flow: README.md, "Architecture").
 
 config      command line -> frozen Config          recipes   recipes.json and the one scaling rule
-device      the only module that names npu/cuda/cpu  distributed  launch modes, ranks, collectives
+device      the only package naming npu/cuda/cpu    distributed  launch modes, ranks, collectives
+optim       optimizers by name (--optimizer)
 data        folders, fixed-shape loaders            amp       precision + the optimizer step object
 guard       divergence guard                        engine    train / validate loops
 checkpoint  atomic save, load, CheckpointSaver      metrics   meters, accuracy, log lines

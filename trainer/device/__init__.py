@@ -1,0 +1,37 @@
+"""Device layer: the only code that knows about npu / cuda / cpu.
+
+Every device decision of the trainer is made here: which device ``auto`` means, setting the device once before
+any tensor touches it (an Ascend rule), moving batches, the target dtype (int32 on NPU, int64 elsewhere),
+pin_memory (off on NPU), synchronisation, the autocast dtype and gradient scaler, the fused optimizers a device
+has, the process-group backend, seeding and RNG state. APIs newer than torch 1.11 (the Ascend stack) are guarded
+here with a fallback, so the rest of the trainer runs on torch 1.11 as on torch 2.x.
+
+This module is the facade: ``from trainer.device import Device, ...`` and ``trainer.device.count(kind)`` as ever.
+Inside: ``base.py`` (``Device``: what the kinds share, and what each defines), one class per kind (``npu.py``,
+``cuda.py``, ``cpu.py``), ``kinds.py`` (functions of a kind name, read from its class), ``runtime.py`` (torch_npu
+and apex, imported on first use), ``shims.py`` (guards for newer torch and torchvision, versions), ``host.py``
+(CPU cores, the CPU's bfloat16, glibc's malloc). A new kind: a class in a module of its own, named in
+``kinds.CLASSES`` and in trainer/device_names.py's ``KINDS``.
+"""
+from trainer.device_names import (  # noqa: F401 (the device layer's names, re-exported)
+    DATA_BACKENDS, DEVICE_DECODE, HOST_DECODE, KIND_ALIASES, KINDS, canonical_kind)
+from trainer.device.runtime import apex_amp, apex_supports, npu_module  # noqa: F401
+from trainer.device.shims import (  # noqa: F401
+    UnsafeCheckpoint, _UINT8_RESIZE, out_of_memory, torch_load, uint8_antialias_resize, versions)
+from trainer.device.host import (  # noqa: F401
+    _cpuinfo_flags, cpu_native_bf16, usable_cpus, user_allocator_choice)
+from trainer.device.base import Device, Handoff  # noqa: F401
+from trainer.device.cuda import CudaDevice, StreamHandoff, cuda_native_bf16  # noqa: F401
+from trainer.device.npu import NpuDevice  # noqa: F401
+from trainer.device.cpu import CpuDevice  # noqa: F401
+from trainer.device.kinds import (  # noqa: F401
+    backend_owner, class_for, count, default_amp_impl, default_apex_loss_scale, default_backend, default_workers,
+    guides_train_with_amp, has_device_ids, keep_host_memory, load_location, prefers_channels_last, rendezvous_schemes,
+    resolve_kind, supported_devices_per_node, supports_apex, supports_sync_bn, visible_devices_env,
+    visible_devices_problem)
+
+
+def _reset_for_tests():
+    from trainer.device import base, runtime
+    runtime.reset()
+    base.reset_current()

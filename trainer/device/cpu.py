@@ -1,0 +1,66 @@
+"""The CPU: one device, tensors in host memory, gloo for several processes, bfloat16 autocast only where the CPU
+computes bfloat16 natively."""
+import torch
+
+from trainer.device import host, shims
+from trainer.device.base import Device
+from trainer.errors import UsageError
+
+
+class CpuDevice(Device):
+    kind = "cpu"
+    auto_rank = 2  # always there: the last resort of --device auto
+    numbered = False
+    tensors_on_host = True
+    dist_backend = "gloo"
+    supports_sync_bn = False
+    supports_apex = False
+    # oneDNN's convolutions run NHWC (bench/channels_last.py, docs/BENCHMARKS.md)
+    prefers_channels_last = True
+    non_blocking = False
+    # the device backend crops image by image (torch's uint8 resize) rather than in one batched roi_align per
+    # batch, which pays on accelerators (launches) and not on a CPU
+    crops_per_image = True
+    # no decode-ahead thread: it would split the same cores with the step (ShuffleNetV2 x0.5, 2 cores: 0.83x the
+    # images/s; docs/BENCHMARKS.md)
+
+    @classmethod
+    def count(cls):
+        return 1
+
+    @classmethod
+    def default_workers(cls, procs_per_node, cpus=None):
+        """On a CPU the data-loader workers take cores from the model's own computation: pytorch/examples' 4,
+        at most this process's share of the cores."""
+        share = (cpus or host.usable_cpus()) // max(1, procs_per_node)
+        return max(1, min(4, share))
+
+    def _auto_amp_dtype(self):
+        """bfloat16 only where the CPU has native bfloat16 instructions, else None (float32: bfloat16 autocast
+        there is many times slower than float32)."""
+        if host.cpu_native_bf16():
+            return torch.bfloat16, None
+        return None, ("--amp: this CPU has no native bfloat16 (no avx512_bf16 or AMX), where bfloat16 "
+                      "autocast is many times slower than float32: training in float32 (--amp-dtype "
+                      "bfloat16 forces it)")
+
+    def _bfloat16_note(self):
+        if not host.cpu_native_bf16():
+            return "--amp-dtype bfloat16: this CPU has no native bfloat16: expect float32 to be several times faster"
+        return None
+
+    def float16_missing(self):
+        if not shims._has_amp_grad_scaler():
+            return "on CPU needs torch >= 2.3 (CPU GradScaler); this is torch {}".format(torch.__version__)
+        return None
+
+    def _autocast_before_1_10(self, dtype):
+        raise UsageError("--amp on CPU needs torch >= 1.10 (bfloat16 autocast); this is torch {}"
+                         .format(torch.__version__))
+
+    def _make_jpeg_decoder(self, tio, rgb):
+        """torchvision's libjpeg decode (what tests exercise)."""
+        def decode(raws):
+            with shims._quiet_stderr():  # libjpeg prints "Corrupt JPEG data" itself; the trainer names the file
+                return [tio.decode_jpeg(r, mode=rgb) for r in raws]
+        return decode

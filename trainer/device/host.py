@@ -1,0 +1,95 @@
+"""The host: its CPU cores, its CPU's bfloat16, and glibc's malloc tuned for training steps on a CPU."""
+import os
+import platform
+
+import torch
+
+
+def usable_cpus():
+    """CPU cores this process may run on (its affinity where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _cpuinfo_flags(path="/proc/cpuinfo"):
+    """The CPU feature flags of /proc/cpuinfo (x86 "flags", aarch64 "Features"); empty if unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip().lower()
+                if key in ("flags", "features"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_HOST_MEMORY = []  # what keep_host_memory decided, once per process
+
+
+def user_allocator_choice(environ=None):
+    """What the environment says the user chose for host memory: their allocator (``LD_PRELOAD``) or glibc
+    settings (any ``MALLOC_*`` variable), as a short description; None where they chose nothing."""
+    env = os.environ if environ is None else environ
+    if env.get("LD_PRELOAD", "").strip():
+        return "user's allocator (LD_PRELOAD)"
+    names = sorted(k for k in env if k.startswith("MALLOC_"))
+    return "user's glibc settings ({})".format(",".join(names)) if names else None
+
+
+def keep_host_memory(kind, environ=None, tensors_on_host=True):
+    """On a CPU run, make glibc's malloc keep freed memory for the next step instead of returning it.
+
+    A training step frees and allocates the same large activations every step. glibc serves blocks over
+    32 MiB (and, by default, anything its trim threshold lets go) straight from the OS, so each step
+    page-faults its activations in again: on a 2-core AVX2 machine that was a third of a ShuffleNetV2 x0.5
+    step (docs/BENCHMARKS.md, "Host memory"). ``mallopt(M_MMAP_MAX, 0)`` and an unlimited
+    ``M_TRIM_THRESHOLD`` keep the heap at its peak instead: the process's memory does not shrink after
+    its largest step. Left alone where the user chose an allocator (``LD_PRELOAD``) or glibc settings
+    (any ``MALLOC_*`` variable: ``MALLOC_PERTURB_=0`` changes nothing in glibc and so keeps its default;
+    setting a threshold such as ``MALLOC_TRIM_THRESHOLD_`` also turns off glibc's dynamic mmap threshold), on devices
+    whose tensors are not in host memory, and where the C library is not glibc. Returns a short
+    description (summary.json's ``host_memory``); the first call decides for the process. ``tensors_on_host``:
+    whether devices of ``kind`` keep their tensors in host memory (``Device.tensors_on_host``)."""
+    if _HOST_MEMORY:
+        return _HOST_MEMORY[0]
+    chosen = user_allocator_choice(environ)
+    if not tensors_on_host:
+        what = "system allocator (tensors on {})".format(kind)
+    elif chosen:
+        what = chosen
+    else:
+        what = "system allocator (not glibc)"
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None)
+            if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
+                ok = libc.mallopt(_M_MMAP_MAX, 0) == 1
+                ok = libc.mallopt(_M_TRIM_THRESHOLD, ctypes.c_int(2 ** 31 - 1)) == 1 and ok
+                what = "kept between steps (glibc: no mmap, no trim)" if ok else "system allocator (mallopt refused)"
+        except (OSError, AttributeError):
+            pass
+    _HOST_MEMORY.append(what)
+    return what
+
+
+def cpu_native_bf16():
+    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 / AMX, Arm bf16).
+
+    torch's own probes (``torch.cpu._is_avx512_bf16_supported``, torch >= 2.1) where present,
+    /proc/cpuinfo's flags otherwise.
+    """
+    probes = [getattr(getattr(torch, "cpu", None), n, None) for n in ("_is_avx512_bf16_supported",
+                                                                       "_is_amx_tile_supported")]
+    if platform.machine().lower() in ("x86_64", "amd64") and all(p is not None for p in probes):
+        try:
+            return any(bool(p()) for p in probes)
+        except Exception:
+            pass
+    flags = _cpuinfo_flags()
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+

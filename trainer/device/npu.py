@@ -1,0 +1,148 @@
+"""Ascend NPUs through torch_npu: hccl from env:// only, int32 targets and indices, no pinned memory, torch_npu's
+autocast, GradScaler, fused SGD and profiler, DVPP decode through torchvision_npu, the guides' apex defaults."""
+import inspect
+import os
+
+import torch
+
+from trainer.device.base import Device
+from trainer.device import runtime
+from trainer.device.runtime import npu_import_error, npu_module
+from trainer.errors import UsageError
+
+
+class NpuDevice(Device):
+    kind = "npu"
+    auto_rank = 0  # --device auto takes an NPU first
+    visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
+    # The Ascend guide: on NPU the process group is initialised from environment variables only
+    rendezvous_schemes = ("env://",)
+    supported_devices_per_node = (1, 2, 4, 8)  # the Ascend guide's collectives
+    dist_backend = collective_library = "hccl"
+    guides_train_with_amp = True
+    default_apex_loss_scale = 1024.0  # the Ascend guide's parser default (static)
+    pin_memory = False  # the Ascend 1.11 guide disables pinned memory on NPU
+    # int64 targets fall back to slow AI-CPU kernels on Ascend (and so do int64 index tensors)
+    target_dtype = torch.int32
+    index_dtype = torch.int32
+    # no decode-ahead thread: DVPP beside a training thread has not been tried
+
+    @classmethod
+    def count(cls):
+        npu = npu_module()
+        if npu is None:
+            return 0
+        try:
+            return int(npu.npu.device_count()) if npu.npu.is_available() else 0
+        except Exception:
+            return 0
+
+    @classmethod
+    def missing(cls):
+        if npu_module() is None:
+            error = npu_import_error()
+            return ("--device npu: torch_npu is not installed or does not import ({}); install the "
+                    "Ascend stack (see 1.11_requirements.txt) or pick --device cuda/cpu"
+                    .format(str(error).splitlines()[0] if error else "not found"))
+        return ("--device npu: torch_npu sees no NPU (check `npu-smi info` and ASCEND_RT_VISIBLE_DEVICES), or pick "
+                "--device cuda/cpu")
+
+    @classmethod
+    def default_amp_impl(cls):
+        """The Ascend guide's apex.amp where Ascend apex is installed, torch_npu's native autocast otherwise."""
+        return "apex" if runtime.apex_amp() is not None else "native"
+
+    @classmethod
+    def visible_devices_problem(cls):
+        """The Ascend runtime maps ASCEND_RT_VISIBLE_DEVICES only when it lists devices in ascending order."""
+        env = cls.visible_devices_env
+        if not os.environ.get(env):
+            return None
+        listed = [s.strip() for s in os.environ[env].split(",") if s.strip()]
+        if any(not s.isdigit() for s in listed) or [int(s) for s in listed] != sorted(int(s) for s in listed):
+            return ("{}={} must list devices in ascending order (the Ascend runtime fails to map them "
+                    "otherwise)".format(env, os.environ[env]))
+        return None
+
+    def _make_current(self):
+        npu_module().npu.set_device(self.name)
+
+    def _model_name(self):
+        return npu_module().npu.get_device_name(self.index)
+
+    def synchronize(self):
+        npu_module().npu.synchronize()
+
+    def _auto_amp_dtype(self):
+        return torch.float16, None  # the guides' choice, with a loss scaler
+
+    def _bfloat16_note(self):
+        bf16 = getattr(npu_module().npu, "is_bf16_supported", None)
+        if bf16 is None or not bf16():
+            raise UsageError("--amp-dtype bfloat16: this NPU (or torch_npu) has no bfloat16; use --amp-dtype float16")
+        return None
+
+    def autocast(self, dtype):
+        if dtype is None:
+            return Device.autocast(self, None)
+        return npu_module().npu.amp.autocast(dtype=dtype)
+
+    def _reduced_float32_switches(self):
+        npu = npu_module().npu
+        return [(m, "allow_hf32") for m in (getattr(npu, "conv", None), getattr(npu, "matmul", None))
+                if m is not None and hasattr(m, "allow_hf32")]
+
+    def grad_scaler(self, loss_scale=None):
+        """torch_npu's GradScaler, built dynamic (see ``Device.grad_scaler``)."""
+        amp = npu_module().npu.amp
+        kwargs = {"init_scale": 65536.0 if loss_scale is None else float(loss_scale)}
+        if "dynamic" in inspect.signature(amp.GradScaler).parameters:
+            kwargs["dynamic"] = True
+        return amp.GradScaler(**kwargs)
+
+    def native_fused_sgd(self, apex_amp_in_use=False):
+        """torch_npu's NpuFusedSGD (apex's with apex.amp, where Ascend apex has it). Its gradients live in one
+        flat buffer (zero_grad keeps them)."""
+        opt_cls = getattr(getattr(npu_module(), "optim", None), "NpuFusedSGD", None)
+        name = "torch_npu.optim.NpuFusedSGD"
+        if apex_amp_in_use:
+            try:
+                from apex.optimizers import NpuFusedSGD as apex_fused
+                opt_cls, name = apex_fused, "apex.optimizers.NpuFusedSGD"
+            except Exception:
+                pass
+        return (opt_cls, name) if opt_cls is not None else None
+
+    def bind_thread(self):
+        npu_module().npu.set_device(self.name)
+
+    def jpeg_decoder_missing(self):
+        return "the device backend on NPU needs torchvision_npu (Ascend's DVPP decode for torchvision)"
+
+    def _make_jpeg_decoder(self, tio, rgb):
+        """The same call as CUDA's after ``import torchvision_npu``, which routes NPU devices to DVPP."""
+        try:
+            import torchvision_npu  # noqa: F401  (patches torchvision.io.decode_jpeg for NPU tensors)
+        except Exception:
+            return None
+        init = getattr(getattr(torch.ops, "torchvision", None), "_dvpp_init", None)
+        if init is not None:
+            init()
+        dev = self.torch_device
+        return lambda raws: [tio.decode_jpeg(r, mode=rgb, device=dev) for r in raws]
+
+    def manual_seed(self, seed):
+        torch.manual_seed(seed)
+        npu_module().npu.manual_seed_all(seed)
+
+    def rng_state(self):
+        return npu_module().npu.get_rng_state()
+
+    def set_rng_state(self, state):
+        if state is not None:
+            npu_module().npu.set_rng_state(state.cpu())
+
+    def profiler_activities(self):
+        """torch_npu's profiler."""
+        prof = npu_module().profiler
+        return prof, [prof.ProfilerActivity.CPU, prof.ProfilerActivity.NPU]

@@ -1,0 +1,43 @@
+"""The vendor runtimes, imported on first use: torch_npu (Ascend) and apex.amp (NVIDIA's or Ascend's)."""
+import inspect
+
+_npu = {"module": None, "error": None}
+
+
+def npu_module():
+    """``torch_npu`` if it imports, else None (the import error is kept for messages: ``npu_import_error``)."""
+    if _npu["module"] is None and _npu["error"] is None:
+        try:
+            import torch_npu  # noqa: F401  (registers torch.npu and the "npu" device)
+            _npu["module"] = torch_npu
+        except Exception as exc:  # ImportError, or a CANN library missing
+            _npu["error"] = exc
+    return _npu["module"]
+
+
+def npu_import_error():
+    """Why torch_npu did not import (after ``npu_module`` returned None), or None."""
+    return _npu["error"]
+
+
+def apex_amp():
+    """``apex.amp`` (NVIDIA's or Ascend's) if it imports, else None.
+
+    The PyPI package called "apex" is an unrelated web toolkit: it imports as ``apex``
+    but has no ``amp``, and is treated as absent.
+    """
+    try:
+        from apex import amp  # noqa: F401
+    except Exception:
+        return None
+    return amp if hasattr(amp, "initialize") else None
+
+
+def apex_supports(option):
+    """Whether the installed apex.amp.initialize takes ``option`` (e.g. combine_ddp: Ascend apex only)."""
+    amp = apex_amp()
+    return amp is not None and option in inspect.signature(amp.initialize).parameters
+
+
+def reset():
+    _npu["module"] = _npu["error"] = None

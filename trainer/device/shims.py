@@ -1,0 +1,132 @@
+"""Guards for torch and torchvision APIs newer than torch 1.11 (the Ascend stack), each with its fallback, and
+the versions a run records."""
+import contextlib
+import inspect
+import os
+import pickle
+import platform
+import re
+import sys
+import warnings
+
+import torch
+
+from trainer.device.runtime import apex_amp
+
+
+def _has_amp_grad_scaler():
+    return hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")  # torch >= 2.3
+
+
+_OUT_OF_MEMORY = ("out of memory",  # CUDA ("CUDA out of memory"), torch_npu ("NPU out of memory")
+                  "can't allocate memory")  # the CPU allocator ("DefaultCPUAllocator: can't allocate memory")
+
+
+def out_of_memory(exc):
+    """Whether ``exc`` is an allocation that failed on the device or the host: torch.cuda.OutOfMemoryError
+    (torch >= 1.13), a RuntimeError with the allocator's words (older torch, torch_npu, the CPU), MemoryError."""
+    if isinstance(exc, MemoryError):
+        return True
+    cuda_oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    if cuda_oom is not None and isinstance(exc, cuda_oom):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc) for t in _OUT_OF_MEMORY)
+
+
+def torch_load(path, map_location="cpu", weights_only=True):
+    """torch.load with ``weights_only`` where this torch has it (>= 1.13). torch 2.0-2.2's weights-only
+    unpickler warns "TypedStorage is deprecated" on every file (its own use, nothing of the caller's):
+    that warning is silenced here so that a run's stderr keeps to its one-line contract."""
+    kwargs = {"map_location": map_location}
+    if "weights_only" in inspect.signature(torch.load).parameters:
+        kwargs["weights_only"] = weights_only
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+        try:
+            return torch.load(path, **kwargs)
+        except pickle.UnpicklingError as exc:
+            text = str(exc)
+            if not text.startswith("Weights only load failed"):
+                raise
+            found = re.search(r"Unsupported (?:global: GLOBAL |class )([\w.]+)", text)
+            raise UnsafeCheckpoint(found.group(1) if found else None)
+
+
+class UnsafeCheckpoint(Exception):
+    """torch's weights-only loader refused a file: it holds Python objects beyond tensors and plain data
+    (``what``: the first such class, where torch names it), and unpickling them could run code."""
+
+    def __init__(self, what):
+        Exception.__init__(self, what)
+        self.what = what
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 pointed at /dev/null inside (C libraries' own warnings)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+_UINT8_RESIZE = []
+
+
+def uint8_antialias_resize():
+    """Whether ``F.interpolate`` resizes uint8 images with antialiasing here (torch >= 2.1, a vectorised CPU
+    kernel about 3x faster than PIL's resize: docs/BENCHMARKS.md); older torch resizes with PIL."""
+    if not _UINT8_RESIZE:
+        major_minor = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
+        try:
+            if major_minor < (2, 1):  # 2.0 takes uint8 too, without the vectorised kernel
+                raise NotImplementedError
+            x = torch.zeros((1, 3, 4, 4), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+            ok = torch.nn.functional.interpolate(x, size=(2, 2), mode="bilinear", antialias=True,
+                                                 align_corners=False).dtype == torch.uint8
+        except (TypeError, RuntimeError, NotImplementedError):
+            ok = False
+        _UINT8_RESIZE.append(ok)
+    return _UINT8_RESIZE[0]
+
+
+def _torchvision_version():
+    try:
+        import torchvision
+        return tuple(int(p) for p in torchvision.__version__.split("+")[0].split(".")[:2])
+    except Exception:
+        return (0, 0)
+
+
+def _installed_version(dist, module):
+    """A package's version from its metadata (without importing it: torchvision's import costs seconds),
+    else from the module; None when it is not installed."""
+    try:
+        from importlib import metadata  # novermin (3.8; Python 3.7 takes the module's __version__ below)
+        return metadata.version(dist)
+    except Exception:
+        pass
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
+
+
+def versions():
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "torchvision": _installed_version("torchvision", "torchvision")}
+    npu = sys.modules.get("torch_npu")
+    out["torch_npu"] = getattr(npu, "__version__", "unknown") if npu is not None else None
+    amp = apex_amp()
+    if amp is not None:
+        import apex
+        out["apex"] = getattr(apex, "__version__", "present")
+    else:
+        out["apex"] = None
+    return out
