@@ -55,7 +55,7 @@ def _child_setup():
 def start_ranks(p, cmd, env, ranks):
     """One main.py process per device, each with its log file and its own process group, added to ``ranks``;
     returns the logs."""
-    from trainer.distributed import free_port
+    from trainer.launch import free_port
     port = int(p.port) if p.port else (free_port() if p.scale == "8p" else None)
     cores = core_binding(p)
     logs = []
@@ -138,7 +138,7 @@ def run(mode, scale, argv, env=None):
         " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
     print("command: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     t0 = time.time()
-    from trainer.distributed import Interrupted, Ranks
+    from trainer.ranks import Interrupted, Ranks
     ranks = Ranks(groups=True)
     try:
         with ranks:

@@ -125,15 +125,15 @@ obs["apex_state_keys"] = sorted(step.checkpoint_entries())
 obs["apex_optimizer"] = step.name
 
 # 6. device list checks before any process starts
-from trainer import distributed  # noqa: E402
+from trainer import launch  # noqa: E402
 try:
-    distributed.check_devices(cfg_for("--device", "npu", "--device-list", "0-8"), "npu")
+    launch.check_devices(cfg_for("--device", "npu", "--device-list", "0-8"), "npu")
     obs["too_many"] = "allowed"
 except UsageError as exc:
     obs["too_many"] = str(exc)
 os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "3,1,2"
 try:
-    distributed.check_devices(cfg_for("--device", "npu", "--device-list", "0,1"), "npu")
+    launch.check_devices(cfg_for("--device", "npu", "--device-list", "0,1"), "npu")
     obs["descending"] = "allowed"
 except UsageError as exc:
     obs["descending"] = str(exc)

@@ -233,11 +233,11 @@ def crash_on_rank_1(cfg):
 
 
 def test_a_spawned_ranks_traceback_reaches_the_user_once_and_the_others_stop(tmp_path, capfd):
-    from trainer import config, distributed
+    from trainer import config, ranks
     cfg, _ = config.parse_config(["--dummy", "--device", "cpu", "--multiprocessing-distributed", "--device-list",
                                   "0,1", "--port", "0", "-b", "8", "--output-dir", str(tmp_path)], env={})
     t0 = time.time()
-    code = distributed.spawn(cfg, "cpu", crash_on_rank_1)
+    code = ranks.spawn(cfg, "cpu", crash_on_rank_1)
     err = capfd.readouterr().err
     assert code == 1 and time.time() - t0 < 40, (code, err)
     assert err.count("RuntimeError: injected failure on local rank 1") == 1, err

@@ -14,8 +14,10 @@ from conftest import gone
 from trainer import metrics, recipes
 from trainer.config import build_parser
 from trainer.device import Device, default_workers
-from trainer import distributed
-from trainer.distributed import Interrupted, Ranks, resolve_launch
+from trainer import launch
+from trainer import ranks as supervision
+from trainer.launch import resolve_launch
+from trainer.ranks import Interrupted, Ranks
 from trainer.errors import UsageError
 from trainer.schedule import Schedule
 
@@ -106,14 +108,14 @@ def _cfg(*argv):
 
 def test_npu_rendezvous_is_env_only_and_counts_other_than_1_2_4_8_are_flagged():
     cfg = _cfg("--world-size", "2", "--rank", "0", "--dist-url", "tcp://127.0.0.1:50000")
-    assert distributed.check_launch(cfg, "cpu") == ()  # tcp:// is fine off NPU
+    assert launch.check_launch(cfg, "cpu") == ()  # tcp:// is fine off NPU
     with pytest.raises(UsageError, match=r"--dist-url tcp://127.0.0.1:50000: NPU processes .* env://.*--addr"):
-        distributed.check_launch(cfg, "npu")
-    assert distributed.check_launch(_cfg("--world-size", "2", "--rank", "0"), "npu") == ()
+        launch.check_launch(cfg, "npu")
+    assert launch.check_launch(_cfg("--world-size", "2", "--rank", "0"), "npu") == ()
     three = _cfg("--multiprocessing-distributed", "--device-list", "0-2", "-b", "12")
-    notes = distributed.check_launch(three, "npu")
+    notes = launch.check_launch(three, "npu")
     assert len(notes) == 1 and "3 device(s) per node" in notes[0] and "1/2/4/8" in notes[0]
-    assert distributed.check_launch(three, "cpu") == ()
+    assert launch.check_launch(three, "cpu") == ()
 
 
 def test_device_list_is_sorted_like_the_guide_and_gpu_is_cuda():
@@ -255,14 +257,14 @@ def test_a_killed_rank_is_blamed_rather_than_its_peers():
 
 
 def test_a_rank_that_stops_in_order_leaves_the_others_time(monkeypatch):
-    monkeypatch.setattr(distributed, "STOP_GRACE", 2.0)
+    monkeypatch.setattr(supervision, "STOP_GRACE", 2.0)
     ranks = ranks_of("exit 2", "sleep 0.5; exit 2", "sleep 30")
     assert ranks.supervise(poll=0.05) == 0
     assert ranks.codes() == [2, 2, -signal.SIGTERM]  # the second stopped on its own, the third was stopped
 
 
 def test_stop_kills_what_ignores_sigterm_and_the_whole_group(monkeypatch, tmp_path):
-    monkeypatch.setattr(distributed, "STOP_GRACE", 0.5)
+    monkeypatch.setattr(supervision, "STOP_GRACE", 0.5)
     pid_file = tmp_path / "child"
     ranks = ranks_of("trap '' TERM; sleep 30 & echo $! > {}; wait".format(pid_file), groups=True)
     deadline = time.time() + 10

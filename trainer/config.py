@@ -67,7 +67,7 @@ class Config:
     profile_stop: bool
     progress: str  # auto | bar | lines
     tensorboard_dir: Optional[str]  # None: no TensorBoard
-    # distributed (see trainer/distributed.py)
+    # distributed (see trainer/launch.py)
     launch: str  # single | spawn | process
     world_size: int  # total processes (spawn: known once the devices are counted)
     rank: int  # global rank (spawn parent: this node's first rank)
@@ -310,9 +310,9 @@ def parse_config(argv=None, env=None):
     notes = ()
     explicit = _explicit_dests(argv)
     if ns.recipe is not None:
-        from trainer import distributed
+        from trainer import launch as placement
         given = {k: getattr(ns, k) for k in recipes.SCALED if k in explicit}
-        values, notes = recipes.flag_defaults(ns.recipe, distributed.process_count(ns, env), given)
+        values, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), given)
         parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
         ns = parser.parse_args(argv)
     return validate(ns, env, tuple(notes), explicit), ns
@@ -371,8 +371,8 @@ def validate(ns, env, notes=(), explicit=()):
     if ns.recipe is not None:
         from trainer import recipes
         recipes.get(ns.recipe)  # raises UsageError for unknown names
-    from trainer import distributed
-    dist = distributed.resolve_launch(ns, env)
+    from trainer import launch as placement
+    dist = placement.resolve_launch(ns, env)
     notes = notes + dist["notes"]
     return Config(
         data=data, arch=ns.arch, model=model, model_impl=ns.model_impl, workers=ns.workers, epochs=ns.epochs,

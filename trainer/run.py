@@ -19,7 +19,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, cli, data, distributed, folders, metrics, observe, summary
+from trainer import checkpoint, cli, data, distributed, folders, launch, metrics, observe, ranks, summary
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -33,12 +33,12 @@ def preflight(cfg, reader=None):
     reader = reader or checkpoint.Reader()
     cli.check_arch(cfg.arch)
     kind = resolve_kind(cfg.device)
-    distributed.check_devices(cfg, kind)
+    launch.check_devices(cfg, kind)
     cfg = ampmod.settle(cfg.replace(device=kind), kind)
     if cfg.channels_last is None:
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
-    cfg = distributed.settle_backend(cfg, kind)
-    cfg = cfg.replace(notes=cfg.notes + distributed.check_launch(cfg, kind))
+    cfg = launch.settle_backend(cfg, kind)
+    cfg = cfg.replace(notes=cfg.notes + launch.check_launch(cfg, kind))
     if cfg.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.dummy:
@@ -67,7 +67,7 @@ def run(cfg):
         held_lock, cfg = folders.take_folder(cfg)
     try:
         if cfg.launch == "spawn":
-            return distributed.spawn(cfg, cfg.device, worker)  # the ranks read for themselves
+            return ranks.spawn(cfg, cfg.device, worker)  # the ranks read for themselves
         return worker(cfg, reader)
     finally:
         if held_lock is not None:
@@ -80,7 +80,7 @@ def worker(cfg, reader=None):
     process."""
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
-        device = Device.create(cfg.device, distributed.device_index(cfg))
+        device = Device.create(cfg.device, launch.device_index(cfg))
         host_memory = devmod.keep_host_memory(device.kind)
         dist = distributed.init(cfg, device)
     except UsageError as exc:

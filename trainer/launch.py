@@ -1,0 +1,217 @@
+"""Where this process sits in the job (single | spawn | process: torchrun, the guides' shell loops, several
+nodes), worked out from flags and environment before anything starts, and the checks of the launch that
+need no process group: the backend, the rendezvous scheme, the device list, the port. Launch modes, batch
+and LR rules, rendezvous: docs/DESIGN.md."""
+import os
+import socket
+
+from trainer import device as devmod
+from trainer.errors import UsageError
+
+DEFAULT_PORT = 29688
+
+
+def _env_int(env, name):
+    try:
+        return int(env[name])
+    except ValueError:
+        raise UsageError("environment variable {}='{}' is not a whole number".format(name, env[name]))
+
+
+def resolve_launch(ns, env):
+    """Work out this process's place in the job from flags and environment (no side effects)."""
+    out = _place(ns, env)
+    if out["world_size"] and ns.batch_size % out["world_size"]:
+        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
+            ns.batch_size, out["world_size"], out["world_size"]))
+    return out
+
+
+def process_count(ns, env):
+    """How many processes the job will have (spawn without --device-list: every visible device)."""
+    place = _place(ns, env)
+    if place["world_size"]:
+        return place["world_size"]
+    return place["nodes"] * max(1, devmod.count(devmod.resolve_kind(ns.device)))
+
+
+def _place(ns, env):
+    """The launch table (README "How processes find each other"), first match wins:
+
+    torchrun / torch.distributed.launch  RANK + WORLD_SIZE (+ LOCAL_RANK or --local_rank)
+    the ModelZoo shell loop              RANK_SIZE + RANK_ID (+ LOCAL_RANK)
+    a shell loop with spawn's flags      LOCAL_RANK + --multiprocessing-distributed (the Ascend guide's loop:
+                                         this process is one of the node's ranks; nothing is spawned)
+    spawn                                --multiprocessing-distributed
+    one node, rank = local rank          WORLD_SIZE + LOCAL_RANK or --local_rank, no RANK (the 910B guide's
+                                         train.sh)
+    flags                                --world-size N --rank R
+    single                               none of these
+    """
+    addr = ns.addr or env.get("MASTER_ADDR") or "127.0.0.1"
+    port = ns.port if ns.port is not None else (
+        _env_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_PORT)
+    if not 0 <= port <= 65535:
+        raise UsageError("--port must be 0-65535, got {}".format(port))
+    url = ns.dist_url or "env://"
+    if not url.startswith(("env://", "tcp://", "file://")):
+        raise UsageError("--dist-url must be env://, tcp://HOST:PORT or file://PATH, got '{}'".format(url))
+    local_rank = ns.local_rank
+    if env.get("LOCAL_RANK"):
+        from_env = _env_int(env, "LOCAL_RANK")
+        if local_rank is not None and local_rank != from_env:
+            raise UsageError("--local_rank {} and LOCAL_RANK={} disagree: set one of them".format(local_rank, from_env))
+        local_rank = from_env
+    if local_rank is not None and local_rank < 0:
+        local_rank = None  # torch.distributed.launch's "not set" (-1)
+    torchrun = "RANK" in env and "WORLD_SIZE" in env
+    shell_loop = "RANK_SIZE" in env
+    env_world = _env_int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") and not torchrun else None
+    out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
+           "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": ()}
+    spawn = ns.multiprocessing_distributed
+    if spawn and (torchrun or shell_loop):  # the guide's launch.py line passes it: the launcher's job
+        spawn = False
+        out["notes"] = ("--multiprocessing-distributed is ignored under {}: the launcher already started one "
+                        "process per device".format("torchrun / torch.distributed.launch" if torchrun
+                                                     else "RANK_SIZE/RANK_ID"),)
+    if spawn:
+        nodes = ns.world_size if ns.world_size > 0 else 1
+        node_rank = ns.rank if ns.rank >= 0 else 0
+        if node_rank >= nodes:
+            raise UsageError("--rank {} (node rank) must be below --world-size {} (nodes)".format(node_rank, nodes))
+        if local_rank is not None:  # one rank of a shell loop: count the node's processes, spawn nothing
+            per_node = len(ns.device_list) if ns.device_list else devmod.count(devmod.resolve_kind(ns.device))
+            world = env_world if env_world else nodes * per_node
+            if not 0 <= local_rank < per_node:
+                raise UsageError("LOCAL_RANK {} with --multiprocessing-distributed: this node has {} process slot(s) "
+                                 "(--device-list or its visible devices); start local ranks 0..{}".format(
+                                     local_rank, per_node, per_node - 1))
+            rank = node_rank * per_node + local_rank
+            if world != nodes * per_node or rank >= world:
+                raise UsageError("WORLD_SIZE={} does not match {} node(s) x {} device(s): export the total number "
+                                 "of processes, or unset it".format(world, nodes, per_node))
+            out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank, nodes=nodes,
+                       node_rank=node_rank, procs_per_node=per_node)
+        else:
+            if nodes > 1 and port == 0:
+                raise UsageError("--port 0 (pick a free port) works on one node only; give all nodes the same --port")
+            procs = len(ns.device_list) if ns.device_list else None
+            out.update(launch="spawn", nodes=nodes, node_rank=node_rank, procs_per_node=procs or 0,
+                       world_size=nodes * procs if procs else 0, rank=node_rank * (procs or 0))
+    elif torchrun or shell_loop:
+        if torchrun:
+            world, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
+            per_node = _env_int(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world
+        else:
+            world = _env_int(env, "RANK_SIZE")
+            rank = _env_int(env, "RANK") if env.get("RANK") else (
+                _env_int(env, "RANK_ID") if env.get("RANK_ID") else 0)
+            per_node = world
+        if local_rank is None:
+            local_rank = _env_int(env, "RANK_ID") if env.get("RANK_ID") else rank % per_node
+        if world < 1 or not 0 <= rank < world:
+            raise UsageError("rank {} is outside a world of {} processes (check RANK/WORLD_SIZE or "
+                             "RANK_ID/RANK_SIZE)".format(rank, world))
+        out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
+                   local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
+                   node_rank=rank // per_node)
+    elif env_world is not None and env_world > 1 and ns.rank < 0:
+        if local_rank is None:
+            raise UsageError("WORLD_SIZE={} is set but nothing says which process this is: export RANK (and "
+                             "LOCAL_RANK) per process, LOCAL_RANK alone on one node, or use torchrun; unset "
+                             "WORLD_SIZE for a single-process run".format(env_world))
+        if not 0 <= local_rank < env_world:
+            raise UsageError("LOCAL_RANK {} is outside WORLD_SIZE={} (one node: local ranks 0..{})".format(
+                local_rank, env_world, env_world - 1))
+        if ns.world_size > 0 and ns.world_size != env_world:
+            raise UsageError("--world-size {} and WORLD_SIZE={} disagree: set one of them".format(
+                ns.world_size, env_world))
+        out.update(launch="process", world_size=env_world, rank=local_rank, local_rank=local_rank,
+                   procs_per_node=env_world, nodes=1, node_rank=0)
+    elif ns.world_size > 1 or ns.rank >= 0:
+        world = ns.world_size
+        if world < 1 or not 0 <= ns.rank < world:
+            raise UsageError("--world-size {} with --rank {}: the rank must be 0..world-1 (without "
+                             "--multiprocessing-distributed these count processes)".format(world, ns.rank))
+        out.update(launch="process" if world > 1 else "single", world_size=world, rank=ns.rank,
+                   local_rank=local_rank if local_rank is not None else 0, procs_per_node=1,
+                   nodes=world, node_rank=ns.rank)
+    else:
+        out.update(launch="single", world_size=1, rank=0, local_rank=local_rank if local_rank is not None else 0)
+    if out["launch"] != "single" and ns.gpu is not None:
+        raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
+    return out
+
+
+def settle_backend(cfg, kind):
+    """``cfg`` with a --dist-backend that names another device's collective library (the guides' hccl on a GPU
+    or CPU, nccl off CUDA) replaced by this device's own, and a note saying so."""
+    owner = devmod.backend_owner(cfg.dist_backend)
+    if owner is None or owner == kind:
+        return cfg
+    own = devmod.default_backend(kind)
+    return cfg.replace(dist_backend=own, notes=cfg.notes + (
+        "--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
+            cfg.dist_backend, owner.upper(), kind.upper(), own),))
+
+
+def check_launch(cfg, kind):
+    """Before any process starts: the rendezvous and the device count suit ``kind``. Returns notes."""
+    schemes = devmod.rendezvous_schemes(kind)
+    if cfg.world_size != 1 and not cfg.dist_url.startswith(schemes):
+        raise UsageError("--dist-url {}: {} processes start their group from environment variables only "
+                         "(init_method env://, as the Ascend guide says); drop --dist-url and give the master as "
+                         "--addr HOST --port PORT".format(cfg.dist_url, kind.upper()))
+    allowed = devmod.supported_devices_per_node(kind)
+    per_node = cfg.procs_per_node or (len(cfg.device_list) if cfg.device_list else devmod.count(kind))
+    if allowed and cfg.world_size != 1 and per_node not in allowed:
+        return ("{} device(s) per node: the Ascend guide supports only {} {}s per node for collective "
+                "communication; expect the collectives to fail".format(per_node, "/".join(map(str, allowed)),
+                                                                        kind.upper()),)
+    return ()
+
+
+def device_index(cfg):
+    """The device this process uses: its slot of --device-list, or --gpu, or its local rank."""
+    slot = cfg.local_rank or 0
+    if cfg.device_list:
+        if slot >= len(cfg.device_list):
+            raise UsageError("local rank {} has no entry in --device-list {} ({} entries)".format(
+                slot, ",".join(map(str, cfg.device_list)), len(cfg.device_list)))
+        return cfg.device_list[slot]
+    if cfg.device_index is not None:
+        return cfg.device_index
+    return slot
+
+
+def check_devices(cfg, kind):
+    """Before any process starts: the device list exists on this machine."""
+    ids = cfg.device_list
+    if not ids or not devmod.has_device_ids(kind):
+        return
+    problem = devmod.visible_devices_problem(kind)
+    if problem:
+        raise UsageError(problem)
+    visible = devmod.count(kind)
+    env = devmod.visible_devices_env(kind)
+    bad = [i for i in ids if i >= visible]
+    if bad:
+        raise UsageError("--device-list asks for {} device {} but {} visible (ids 0-{}){}".format(
+            kind, bad[0], visible, visible - 1,
+            " under {}={}".format(env, os.environ[env]) if env and os.environ.get(env) else ""))
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            raise UsageError("port {} is in use: pass --port N with a free port, or --port 0 to pick one".format(port))

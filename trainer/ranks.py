@@ -1,0 +1,205 @@
+"""The rank processes of a node: ``spawn`` (--multiprocessing-distributed) starts them, ``Ranks`` supervises
+them (spawn's and the ModelZoo drivers'): waits, names the rank to blame, stops the others, passes Ctrl-C
+on."""
+import ctypes
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+from trainer import device as devmod
+from trainer.errors import UsageError
+from trainer.guard import EXIT_DIVERGED
+from trainer.launch import check_port_free, free_port
+
+
+STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
+# exit codes of a rank that stopped on its own and said why (a user error, a divergence, Ctrl-C): every
+# rank meets the same condition, so the others are given STOP_GRACE to stop as well before being stopped
+ORDERLY = (2, EXIT_DIVERGED, 130)
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the process that supervises the ranks."""
+
+    def __init__(self, signum):
+        Exception.__init__(self, signum)
+        self.signum = signum
+        self.exit_code = 130 if signum == signal.SIGINT else 143
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signum)
+
+
+def _exit_code(proc):
+    return proc.poll() if hasattr(proc, "poll") else proc.exitcode  # subprocess.Popen | multiprocessing.Process
+
+
+class Ranks:
+    """The rank processes of one job on this node, however started (``spawn``'s workers, or one process per
+    device from the drivers): wait for them, name the rank to blame, stop the others. ``groups``: each rank
+    leads its own process group, which is signalled as a whole (its data loader workers included).
+    Inside ``with ranks:`` SIGINT and SIGTERM raise Interrupted, so that the caller stops the ranks."""
+
+    def __init__(self, procs=(), groups=False):
+        self.procs, self.groups, self._handlers = list(procs), groups, {}
+
+    def __enter__(self):
+        self._handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._handlers.items():
+            signal.signal(s, h)
+        return False
+
+    def codes(self):
+        return [_exit_code(p) for p in self.procs]
+
+    def running(self):
+        return any(c is None for c in self.codes())
+
+    def failed(self):
+        """The rank to blame once one failed (a killed rank rather than its peers), else None."""
+        bad = [(r, c) for r, c in enumerate(self.codes()) if c not in (None, 0)]
+        killed = [r for r, c in bad if c < 0]
+        return (killed or [r for r, _ in bad] or [None])[0]
+
+    def signal_all(self, sig):
+        for p in self.procs:
+            if _exit_code(p) is None or (self.groups and sig == signal.SIGKILL):
+                try:
+                    (os.killpg if self.groups else os.kill)(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def _settle(self, seconds, poll):
+        deadline = time.time() + seconds
+        while self.running() and time.time() < deadline:
+            time.sleep(poll)
+
+    def stop(self, sig=signal.SIGTERM, poll=0.2):
+        """``sig`` to every rank still running, SIGKILL after STOP_GRACE (and to what is left in their groups)."""
+        self.signal_all(sig)
+        self._settle(STOP_GRACE, poll)
+        self.signal_all(signal.SIGKILL)
+        for p in self.procs:
+            (p.wait if hasattr(p, "wait") else p.join)()
+
+    def supervise(self, poll=0.2):
+        """Wait for every rank; once one failed, stop the others (a rank that stopped in ORDERLY fashion leaves
+        them STOP_GRACE to stop on their own first). Returns the rank to blame, or None."""
+        while self.running() and self.failed() is None:
+            time.sleep(poll)
+        blame = self.failed()
+        if blame is not None and self.codes()[blame] in ORDERLY:
+            self._settle(STOP_GRACE, poll)
+            blame = self.failed()
+        if self.running():
+            self.stop(poll=poll)
+        return blame
+
+
+# ---------------------------------------------------------------- spawn
+
+
+def spawn(cfg, kind, worker):
+    """--multiprocessing-distributed: one process per device, supervised (``Ranks``).
+
+    If any rank fails, the others are stopped and this returns its exit code (2 for a
+    user error, 4 for a divergence, 1 otherwise); Ctrl-C stops all of them (130, SIGTERM 143).
+    """
+    ids = cfg.device_list or tuple(range(devmod.count(kind)))
+    nprocs = len(ids)
+    world = cfg.nodes * nprocs
+    if cfg.batch_size % world:
+        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
+            cfg.batch_size, world, world))
+    port = cfg.port
+    if cfg.dist_url.startswith("env://") and cfg.node_rank == 0:
+        if port == 0:
+            port = free_port()
+        else:
+            check_port_free(port)
+    child = cfg.replace(device_list=tuple(ids), world_size=world, procs_per_node=nprocs,
+                        rank=cfg.node_rank * nprocs, port=port)
+    ranks, trace_dir = Ranks(), tempfile.mkdtemp(prefix="ranks-")
+    traces = [os.path.join(trace_dir, "rank{}.trace".format(i)) for i in range(nprocs)]
+    try:
+        with ranks:
+            context = multiprocessing.get_context("spawn")
+            for i in range(nprocs):
+                proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i]),
+                                       name="spawn rank {}".format(i))
+                proc.start()
+                ranks.procs.append(proc)
+            r = ranks.supervise()
+    except Interrupted as exc:
+        # Ctrl-C: the ranks are interrupted too (a terminal signals them already; kill -INT does not), so that
+        # each ends as an interrupted run, summary written; SIGTERM is passed on as it came
+        ranks.stop(sig=signal.SIGINT if exc.signum == signal.SIGINT else signal.SIGTERM)
+        sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
+                         "--resume auto\n".format(cfg.output_dir))
+        return exc.exit_code
+    finally:
+        if ranks.running():
+            ranks.stop()
+        traces = [_take_trace(f) for f in traces]
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    if r is None:
+        return 0
+    code = ranks.codes()[r]
+    if code in (2, EXIT_DIVERGED):
+        return code  # the rank printed its one-line error already
+    if traces[r]:
+        sys.stderr.write(traces[r])
+    how = "exit code {}".format(code) if code >= 0 else "signal {}".format(-code)
+    sys.stderr.write("error: local rank {} failed ({}); stopped the other ranks\n".format(r, how))
+    return 1
+
+
+def _take_trace(path):
+    """The traceback a spawned rank left in its trace file ("" if it left none)."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(sig=signal.SIGTERM):
+    """Linux: the kernel sends ``sig`` to this process when its parent dies, so that no rank trains on
+    unsupervised after the supervisor was killed (elsewhere: nothing). SIGTERM ends the rank at once (ranks
+    leave it unhandled), also inside a collective that waits for a rank that is gone."""
+    try:
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "prctl"):
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _spawn_entry(local_index, cfg, worker, trace_path):
+    """A spawned rank: run ``worker``, exit with its code. A raised exception's traceback goes to
+    ``trace_path`` for the supervisor to print once (the rank itself prints nothing), exit code 1."""
+    _die_with_parent()
+    cfg = cfg.replace(local_rank=local_index, rank=cfg.rank + local_index)
+    try:
+        code = worker(cfg)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:
+        with open(trace_path, "w") as f:
+            f.write(traceback.format_exc())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code or 0)
