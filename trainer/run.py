@@ -396,7 +396,7 @@ def _record(job, totals, last_val=None, **fields):
 def _fallbacks(job):
     """Images the device data backend had decoded on the CPU (not JPEG, or a colour mode it does not take),
     summed over ranks: every rank calls this at the same points."""
-    n = sum(getattr(l, "fallbacks", 0) for l in (job.train_loader, job.val_loader) if l is not None)
+    n = sum(getattr(loader, "fallbacks", 0) for loader in (job.train_loader, job.val_loader) if loader is not None)
     if job.info.backend != devmod.DEVICE_DECODE:
         return n
     if job.dist.world_size > 1:
