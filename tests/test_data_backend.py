@@ -117,6 +117,33 @@ def test_device_backend_on_a_cpu_decodes_on_the_calling_thread(photos):
     expected, _ = batches(photos, "gpu", 0)
     assert all(torch.equal(g[0], w[0]) for g, w in zip(got, expected))
 
+def test_loader_spec_chooses_the_device_backends_ways_of_working_or_leaves_them_to_the_device(photos):
+    """LoaderSpec.decode_ahead / batched_crops: None is the device's choice (a CPU: on the training thread,
+    image by image); True or False decides, for both loaders; the batches are the same either way."""
+    classes = data.find_classes(os.path.join(photos, "train"))
+    train_samples = data.scan_train(os.path.join(photos, "train"), classes)
+    val_samples = data.scan_val(os.path.join(photos, "val"), {c: i for i, c in enumerate(classes)})
+    backend, decode, _ = data.resolve_backend("gpu", CPU)
+
+    def loaders(**choices):
+        spec = data.LoaderSpec(batch_per_rank=8, seed=7, train_crop_size=32, crop_scale_min=0.25,
+                               val_resize_size=36, val_crop_size=32, decode=decode, **choices)
+        return data.BACKENDS[backend](spec, CPU, train_samples, val_samples)
+
+    for loader in loaders():
+        assert loader.ahead is False and loader._batched is (False if loader._per_image_uint8 else None)
+    for loader in loaders(decode_ahead=True, batched_crops=True):
+        assert loader.ahead is True and not loader._per_image_uint8 and loader._batched is None
+    for loader in loaders(decode_ahead=False, batched_crops=False):
+        assert loader.ahead is False and loader._batched is (False if loader._per_image_uint8 else None)
+    default, chosen = loaders()[0], loaders(decode_ahead=True)[0]
+    default.sampler.set_epoch(1)
+    chosen.sampler.set_epoch(1)
+    for x, y in zip(default, chosen):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+    assert not _decode_ahead_threads()
+
+
 def test_device_backend_stopped_early_leaves_no_data_work_and_starts_again_alike(photos):
     loader = _spied_train_loader(photos, lambda real, raws: real(raws))
     for first in loader:

@@ -98,18 +98,23 @@ class PaddedEncoded(torch.utils.data.Dataset):
 
 
 class DeviceDecodeLoader:
-    """Wraps a DataLoader of ``EncodedDataset`` batches: yields (uint8 NCHW on the device, targets[, valid])."""
+    """Wraps a DataLoader of ``EncodedDataset`` batches: yields (uint8 NCHW on the device, targets[, valid]).
 
-    def __init__(self, loader, device, decode, size, train, resize=None):
+    ``decode_ahead``: prepare the next batch in a thread beside the caller; ``batched_crops``: crop a batch
+    with one roi_align call (False: image by image, with the uint8 resize where torch has it). None, the
+    default of each: the device's choice (``Device.decode_ahead``, ``not Device.crops_per_image``)."""
+
+    def __init__(self, loader, device, decode, size, train, resize=None, decode_ahead=None, batched_crops=None):
         self.loader, self.device, self.decode = loader, device, decode
         self.size, self.train, self.resize = size, train, resize
         self.sampler = loader.sampler
         self.fallbacks = 0  # samples the workers decoded on the CPU
         # whether resized_crops (roi_align) runs on this device; None: not tried yet. Image by image where the
         # device resizes uint8 images faster than one batched roi_align (a CPU)
-        self._per_image_uint8 = device.crops_per_image and uint8_antialias_resize()
+        per_image = device.crops_per_image if batched_crops is None else not batched_crops
+        self._per_image_uint8 = per_image and uint8_antialias_resize()
         self._batched = False if self._per_image_uint8 else None
-        self.ahead = device.decode_ahead  # prepare the next batch in a thread beside the caller
+        self.ahead = device.decode_ahead if decode_ahead is None else bool(decode_ahead)
 
     def __len__(self):
         return len(self.loader)
@@ -293,11 +298,13 @@ def loaders(spec, device, train_samples, val_samples):
         crop = train_transform(spec.train_crop_size, spec.crop_scale_min)
         ds = EncodedDataset(train_samples, True, crop, spec.train_crop_size)
         train = DeviceDecodeLoader(dataloader(ds, spec.batch_per_rank, sampler, spec.workers, False, True, collate),
-                                   device, spec.decode, spec.train_crop_size, True)
+                                   device, spec.decode, spec.train_crop_size, True, decode_ahead=spec.decode_ahead,
+                                   batched_crops=spec.batched_crops)
     center = val_transform(spec.val_resize_size, spec.val_crop_size)
     length = padded_length(len(val_samples), spec.batch_per_rank, spec.world_size)
     padded = PaddedEncoded(EncodedDataset(val_samples, False, center, spec.val_crop_size), length, spec.val_crop_size)
     val = DeviceDecodeLoader(
         dataloader(padded, spec.batch_per_rank, ShardSampler(length, spec.rank, spec.world_size), spec.workers,
-                   False, False, collate), device, spec.decode, spec.val_crop_size, False, resize=spec.val_resize_size)
+                   False, False, collate), device, spec.decode, spec.val_crop_size, False, resize=spec.val_resize_size,
+        decode_ahead=spec.decode_ahead, batched_crops=spec.batched_crops)
     return train, val

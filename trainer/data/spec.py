@@ -6,7 +6,12 @@ from typing import Callable, Optional
 @dataclasses.dataclass(frozen=True)
 class LoaderSpec:
     """One rank's loaders: the batch, its place in the job, the workers, the crops (``data.build`` fills it
-    from the run's config; tools and benches make their own)."""
+    from the run's config; tools and benches make their own).
+
+    The device backend's two ways of working, each None for the device's own choice: ``decode_ahead``
+    (prepare the next batch in a thread beside the training step; ``Device.decode_ahead``) and
+    ``batched_crops`` (crop and resize a batch in one roi_align call rather than image by image;
+    ``not Device.crops_per_image``)."""
     batch_per_rank: int
     rank: int = 0
     world_size: int = 1
@@ -18,6 +23,8 @@ class LoaderSpec:
     val_crop_size: int = 224
     channels_last: bool = False
     decode: Optional[Callable] = None  # the device's JPEG decoder (device backend only)
+    decode_ahead: Optional[bool] = None  # device backend only; None: Device.decode_ahead
+    batched_crops: Optional[bool] = None  # device backend only; None: not Device.crops_per_image
 
 
 class DataInfo:
