@@ -107,18 +107,20 @@ def torchvision_loader(root, split, batch, workers):
                                        pin_memory=torch.cuda.is_available())
 
 
-class _Cfg:
-    def __init__(self, root, backend, channels_last=False):
-        self.data, self.dummy, self.data_backend = root, False, backend
-        self.train_crop_size, self.crop_scale_min = 224, 0.08
-        self.val_resize_size, self.val_crop_size = 256, 224
-        self.channels_last = channels_last
-
-
 def trainer_loader(root, split, batch, workers, backend, device):
-    cfg = _Cfg(root, backend, prefers_channels_last(device.kind))  # the trainer's default memory format
-    train, val, _ = datamod.build(cfg, device, batch, 0, 1, workers, seed=0, need_train=split == "train")
-    return train if split == "train" else val
+    """The trainer's loader of ``split`` from the ``backend`` data backend, built as ``trainer.data.build``
+    builds it (one rank, seed 0, the default crops, the device's default memory format)."""
+    backend, decode, _ = datamod.resolve_backend(backend, device)
+    need_train = split == "train"
+    datamod.check_data_root(root, need_train=need_train)
+    train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
+    classes = datamod.find_classes(train_dir if os.path.isdir(train_dir) else val_dir)
+    val_samples = datamod.scan_val(val_dir, {c: i for i, c in enumerate(classes)})
+    train_samples = datamod.scan_train(train_dir, classes) if need_train else None
+    spec = datamod.LoaderSpec(batch_per_rank=batch, workers=workers, seed=0,
+                              channels_last=prefers_channels_last(device.kind), decode=decode)
+    train, val = datamod.BACKENDS[backend](spec, device, train_samples, val_samples)
+    return train if need_train else val
 
 
 def time_loader(loader, images, to_device):
