@@ -7,7 +7,7 @@
 The run is ``tools/check_device.py``'s train-fp32 (resnet18 on 10 classes of generated 64-px JPEGs, 56-px
 crops, 6 epochs; on a CPU, unless --full, its tiny model on 32-px images, 3 epochs), once per
 seed with ``--data-backend cpu`` and once with ``--data-backend gpu``. On a CPU the device backend runs its
-batched roi_align crops, as on an accelerator (``check_device.batched_crops``); --per-image adds its
+batched roi_align crops, as on an accelerator (``LoaderSpec.batched_crops``); --per-image adds its
 CPU default (torch's uint8 resize image by image: the CPU backend's filter, libjpeg decode through
 torchvision) so that a gap can be told apart as the filter's or the decoder's.
 
@@ -37,23 +37,24 @@ def crop_difference(root, sizes, device, batches=8, batch=32):
     ``batches`` batches of epoch 0): mean |difference|, mean signed difference and each one's sharpness
     (mean absolute horizontal gradient), in grey levels."""
     opt = lambda name: sizes.crop[sizes.crop.index(name) + 1]  # noqa: E731  (the runs' crop options)
-
-    class Cfg:
-        dummy, channels_last, data = False, False, root
-        train_crop_size, val_crop_size = int(opt("--train-crop-size")), int(opt("--val-crop-size"))
-        val_resize_size, crop_scale_min = int(opt("--val-resize-size")), float(opt("--crop-scale-min"))
+    train_dir = os.path.join(root, "train")
+    classes = datamod.find_classes(train_dir)
+    samples = datamod.scan_train(train_dir, classes)
+    val = datamod.scan_val(os.path.join(root, "val"), {c: i for i, c in enumerate(classes)})
 
     def crops(backend):
-        cfg = Cfg()
-        cfg.data_backend = backend
-        with check_device.batched_crops():
-            train, _, _ = datamod.build(cfg, device, batch, 0, 1, 0, seed=0)
-            train.sampler.set_epoch(0)
-            out = []
-            for i, b in enumerate(train):
-                out.append(b[0].float().cpu())
-                if i + 1 == batches:
-                    break
+        backend, decode, _ = datamod.resolve_backend(backend, device)
+        spec = datamod.LoaderSpec(batch_per_rank=batch, seed=0, train_crop_size=int(opt("--train-crop-size")),
+                                  crop_scale_min=float(opt("--crop-scale-min")),
+                                  val_resize_size=int(opt("--val-resize-size")),
+                                  val_crop_size=int(opt("--val-crop-size")), decode=decode, batched_crops=True)
+        train, _ = datamod.BACKENDS[backend](spec, device, samples, val)
+        train.sampler.set_epoch(0)
+        out = []
+        for i, b in enumerate(train):
+            out.append(b[0].float().cpu())
+            if i + 1 == batches:
+                break
         return torch.cat(out)
     a, b = crops(HOST_DECODE), crops(DEVICE_DECODE)
     sharp = lambda x: float((x[..., 1:] - x[..., :-1]).abs().mean())  # noqa: E731

@@ -44,10 +44,8 @@ def test_bad_arguments(args, fragment):
 def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path, monkeypatch):
     """fps-shufflenet --small: synthetic, bare loop, and the trainer fed from JPEGs by the default backend
     and by the other one (the device backend's logic runs on CPU tensors here), which decodes in a thread
-    beside the step as on CUDA (forced here) and once more on the training thread."""
+    beside the step as on CUDA (--decode-ahead on) and once more on the training thread."""
     from trainer.data import device_backend as batch_decode
-    from trainer.device import Device
-    monkeypatch.setattr(Device, "decode_ahead", property(lambda self: True))
     monkeypatch.setattr(check_device, "SMALL_FPS_PASS", 0.0)  # timing is not asserted: the check's rows are
     threads = set()
     real = batch_decode.DeviceDecodeLoader._prepare
@@ -55,7 +53,7 @@ def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path, monkeypatc
                         lambda self, it: threads.add(threading.current_thread().name[:12]) or real(self, it))
     out = tmp_path / "results.json"
     rc = check_device.main(["--small", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
-                            "--only", "fps-shufflenet", "--json", str(out)])
+                            "--only", "fps-shufflenet", "--decode-ahead", "on", "--json", str(out)])
     row = json.loads(out.read_text())["checks"][0]
     assert rc == 0 and row["status"] == "PASS", row["detail"]
     assert row["data_backend"] == "cpu"
@@ -117,3 +115,25 @@ def test_train_fp16_is_a_skip_row_with_its_reason_where_the_torch_cannot_run_it(
     assert res["passed"] is True
     assert row["status"] == "SKIP" and "needs torch >= 2.3" in row["detail"], row  # torch < 2.3: no CPU GradScaler
     assert "0 of 1 checks passed (1 skipped" in proc.stdout
+
+
+def test_device_backend_choices_reach_the_device_backends_loader_spec_and_are_undone():
+    """A main.py run in the battery's process takes the device backend's choices through LoaderSpec (its entry
+    of data.BACKENDS for the block), with no device class changed, and leaves the entry as it was."""
+    from tools._battery import device_backend_choices
+    from trainer import data
+    from trainer.device import Device
+    from trainer.device_names import DEVICE_DECODE
+    real, seen = data.BACKENDS[DEVICE_DECODE], []
+    data.BACKENDS[DEVICE_DECODE] = lambda spec, device, train, val: seen.append(spec) or (None, None)
+    spy = data.BACKENDS[DEVICE_DECODE]
+    try:
+        with device_backend_choices(decode_ahead=False, batched_crops=True):
+            data.BACKENDS[DEVICE_DECODE](data.LoaderSpec(batch_per_rank=4), None, [], [])
+        assert data.BACKENDS[DEVICE_DECODE] is spy
+        with device_backend_choices():
+            assert data.BACKENDS[DEVICE_DECODE] is spy
+    finally:
+        data.BACKENDS[DEVICE_DECODE] = real
+    assert (seen[0].decode_ahead, seen[0].batched_crops, seen[0].batch_per_rank) == (False, True, 4)
+    assert Device.decode_ahead is False and Device.crops_per_image is False

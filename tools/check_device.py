@@ -2,7 +2,7 @@
 """What to run first on a new GPU or NPU box: a short battery that shows the trainer can be trusted there.
 
     python3 -m tools.check_device [--device auto|npu|cuda|cpu] [--json FILE] [--work-dir DIR]
-                                  [--only NAME[,NAME...]] [--small]
+                                  [--only NAME[,NAME...]] [--small] [--decode-ahead auto|on|off]
 
 Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a table and JSON):
   contract        every optimizer x loss-scaler pairing the device layer returns: an inf gradient leaves
@@ -19,7 +19,8 @@ Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a ta
                   default --data-backend, with a worker per CPU core), which must reach 90 % (ResNet50)
                   / 70 % (ShuffleNetV2) of the synthetic images/s (no bound with --small); where the
                   device can decode JPEGs, the other backend is measured too and reported beside it, and
-                  where the device backend decodes in a thread beside the step (CUDA), also without it
+                  where the device backend decodes in a thread beside the step (CUDA, or --decode-ahead on),
+                  also without it
   backends        train-fp32's run once per data backend (cpu, and the device's JPEG decoder), same seed:
                   both train, their Acc@1 differ by at most 15 points, and each model validated through
                   the other backend scores within 3 points of its own; on a CPU the device backend's
@@ -35,10 +36,8 @@ Exit codes: 0 no FAIL, 1 a FAIL, 2 a usage error. Training output goes to --work
 """
 import argparse
 import contextlib
-import copy
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,8 @@ import time
 
 import torch
 
+from tools._battery import (_Capture, _f, _tail, backends_alike, bare_loop, epoch_losses, overflow_contract,
+                            train_in_process)
 from trainer import cli
 from trainer.device_names import DEVICE_DECODE, HOST_DECODE
 from trainer.errors import UsageError
@@ -93,17 +94,12 @@ class Sizes:
         self.precision_arch = "tiny_cnn" if small else "resnet18"
 
 
-def epoch_losses(text):
-    """Last printed running loss of each epoch, from the examples-format lines."""
-    last = {}
-    for m in re.finditer(r"^Epoch: \[(\d+)\]\[\s*\d+/\d+\].*?Loss \S+ \((\S+)\)", text, re.M):
-        last[int(m.group(1))] = float(m.group(2))
-    return [last[k] for k in sorted(last)]
-
-
 class Battery:
-    def __init__(self, device, work, sizes, log):
+    def __init__(self, device, work, sizes, log, decode_ahead=None):
         self.device, self.work, self.sizes, self.log = device, work, sizes, log
+        # the device data backend's runs: the next batch prepared in a thread beside the step (True), on the
+        # training thread (False), or as the device chooses (None: Device.decode_ahead)
+        self.decode_ahead = decode_ahead
         self.results = []
         self.data = None
 
@@ -245,7 +241,8 @@ class Battery:
                 other, by_backend[other], by_backend[other] / trainer if trainer else 0.0,
                 " (faster than the default)" if by_backend[other] > jpeg else "")
         extra = {}
-        if DEVICE_DECODE in by_backend and self.device.decode_ahead:  # what the decode thread gives, same run
+        ahead = self.device.decode_ahead if self.decode_ahead is None else self.decode_ahead
+        if DEVICE_DECODE in by_backend and ahead:  # what the decode thread gives, same run
             extra["jpeg_fps_decode_on_training_thread"], _ = self._trainer_fps(
                 name + "-jpeg-" + DEVICE_DECODE + "-inline", arch, batch, size, steps, warm, data=data,
                 backend=DEVICE_DECODE, decode_ahead=False)
@@ -291,7 +288,9 @@ class Battery:
 
     def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None, decode_ahead=None):
         """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``
-        (``backend``: a --data-backend; default: the trainer's; ``decode_ahead``: see train_in_process)."""
+        (``backend``: a --data-backend; default: the trainer's; ``decode_ahead``: see train_in_process; None:
+        the battery's choice)."""
+        decode_ahead = self.decode_ahead if decode_ahead is None else decode_ahead
         source = ["--dummy"] if data is None else [data, "-j", str(min(32, os.cpu_count() or 1))]
         if backend is not None:
             source += ["--data-backend", backend]
@@ -312,7 +311,8 @@ class Battery:
         runs, backends = {}, (HOST_DECODE, DEVICE_DECODE)
         for backend in backends:
             out = os.path.join(self.work, "backends-" + backend)
-            code, s, losses = train_in_process(out, common + self.sizes.train_args + ["--data-backend", backend])
+            code, s, losses = train_in_process(out, common + self.sizes.train_args + ["--data-backend", backend],
+                                               decode_ahead=self.decode_ahead)
             if code != 0 or s.get("status") != "ok":
                 self.record("backends", False, "--data-backend {}: exit {}, status {}".format(
                     backend, code, s.get("status")))
@@ -322,7 +322,8 @@ class Battery:
         for backend, r in runs.items():  # each model validated through the other backend's pipeline too
             other = [b for b in backends if b != backend][0]
             code, s, _ = train_in_process(os.path.join(self.work, "backends-{}-val-{}".format(backend, other)),
-                                          common + ["-e", "--resume", r["checkpoint"], "--data-backend", other])
+                                          common + ["-e", "--resume", r["checkpoint"], "--data-backend", other],
+                                          decode_ahead=self.decode_ahead)
             if code != 0 or s.get("status") != "ok":
                 self.record("backends", False, "-e --data-backend {} of the {} run: exit {}, status {}".format(
                     other, backend, code, s.get("status")))
@@ -381,175 +382,6 @@ class Battery:
             backend, rc, s and s.get("status")) + ("" if ok else ": " + _tail(text)))
 
 
-@contextlib.contextmanager
-def device_properties(**values):
-    """``Device``'s named attributes answer ``values`` inside the block, on every device (each kind's class)."""
-    from trainer.device import KINDS, Device, class_for
-    missing = object()
-    saved = [(cls, name, cls.__dict__.get(name, missing))
-             for cls in [Device] + [class_for(k) for k in KINDS] for name in values]
-    for cls, name, _ in saved:
-        setattr(cls, name, property(lambda self, value=values[name]: value))
-    try:
-        yield
-    finally:
-        for cls, name, old in saved:
-            if old is missing:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, old)
-
-
-def batched_crops():
-    """The device data backend crops with its batched roi_align on every device, a CPU included (where it
-    otherwise crops image by image with torch's uint8 resize): what an accelerator runs."""
-    return device_properties(crops_per_image=False)
-
-
-def train_in_process(out, args, batched=True, decode_ahead=None):
-    """main.py ``args`` run in this process (output in ``out``, its log in ``out``.log); on a CPU with the
-    device backend's batched crops (``batched_crops``; what accelerators run anyway) unless ``batched`` is
-    False; ``decode_ahead`` True or False overrides ``Device.decode_ahead``. Returns (exit code, summary
-    dict (the evaluation's with -e), epoch losses)."""
-    from trainer import summary
-    from trainer import run
-    from trainer.config import parse_config
-    cfg, _ = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
-    cfg = run.preflight(cfg)
-    with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        props = {} if decode_ahead is None else {"decode_ahead": decode_ahead}
-        if batched:
-            props["crops_per_image"] = False
-        with device_properties(**props):
-            code = run.worker(cfg)
-    with open(out + ".log") as f:
-        text = f.read()
-    s = {}
-    path = os.path.join(out, summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY)
-    if os.path.exists(path):
-        with open(path) as f:
-            s = json.load(f)
-    return code, s, epoch_losses(text)
-
-
-def backends_alike(runs, gap, cross_gap):
-    """(ok, detail) for {backend: {"acc1", "losses", "acc1_<other backend>"}}: every run's loss fell by a
-    fifth and its Acc@1 is at least twice chance on 10 classes (20 %); the runs' Acc@1 differ by at most
-    ``gap`` points (different training data: seed-like noise); each model scores within ``cross_gap``
-    points when its validation images come from the other backend (the same model on the same images:
-    only the pipelines differ)."""
-    trained = all(len(r["losses"]) >= 2 and r["losses"][-1] < 0.8 * r["losses"][0] and r["acc1"] > 20.0
-                  for r in runs.values())
-    accs = [r["acc1"] for r in runs.values()]
-    spread = max(accs) - min(accs)
-    cross = {b: max([abs(r["acc1"] - v) for k, v in r.items() if k.startswith("acc1_")] or [0.0])
-             for b, r in runs.items()}
-    parts = []
-    for b, r in runs.items():
-        others = ", ".join("{:.1f} % through {}".format(v, k[5:]) for k, v in sorted(r.items())
-                           if k.startswith("acc1_"))
-        parts.append("{}: loss {} -> {}, Acc@1 {:.1f} %{}".format(
-            b, _f(r["losses"][0] if r["losses"] else None), _f(r["losses"][-1] if r["losses"] else None), r["acc1"],
-            " ({})".format(others) if others else ""))
-    worst_cross = max(cross.values())
-    ok = trained and spread <= gap and worst_cross <= cross_gap
-    return ok, "; ".join(parts) + "; Acc@1 gap {:.1f} points (at most {:g}), through the other backend {:.1f} " \
-        "(at most {:g})".format(spread, gap, worst_cross, cross_gap)
-
-
-def overflow_contract(device, precision, fused):
-    """(problem or None, optimizer name): one overflow step then two finite ones against plain SGD."""
-    from trainer import amp as ampmod
-    torch.manual_seed(0)
-    dev = device.torch_device
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(dev)
-    ref = copy.deepcopy(model)
-    model, step = ampmod.build_step(precision, device, model, 0.05, 0.9, 1e-3, fused=fused)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
-    gen = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(8, 16, generator=gen).to(dev), torch.randint(0, 4, (8,), generator=gen).to(dev))
-               for _ in range(3)]
-    if precision.scaled:
-        before = [p.detach().clone() for p in model.parameters()]
-        state = copy.deepcopy(step.optimizer.state_dict()["state"])
-        x, y = batches[0]
-        step.zero_grad()
-        step(torch.nn.functional.cross_entropy(model(x), y) * float("inf"))
-        if not all(torch.equal(a, b) for a, b in zip(before, model.parameters())):
-            return "parameters moved on an overflow step", step.name
-        after = step.optimizer.state_dict()["state"]
-        if state.keys() != after.keys() or any(not torch.equal(state[k][n], after[k][n]) for k in state
-                                               for n in state[k] if torch.is_tensor(state[k][n])):
-            return "momentum changed on an overflow step", step.name
-    for x, y in batches:
-        step.zero_grad()
-        step(torch.nn.functional.cross_entropy(model(x), y))
-        ref_opt.zero_grad()
-        torch.nn.functional.cross_entropy(ref(x), y).backward()
-        ref_opt.step()
-    worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
-                for a, b in zip((p.detach() for p in model.parameters()), (p.detach() for p in ref.parameters())))
-    if not worst <= 1e-5:
-        return "finite steps differ from plain SGD (rel {:.1e})".format(worst), step.name
-    return None, step.name
-
-
-def bare_loop(device, arch, batch, size, steps, warm, amp_dtype="auto"):
-    """images/s of a bare forward/backward/step loop with the trainer's precision choice for ``--amp
-    --amp-dtype amp_dtype`` (None: float32), on one batch kept on the device (no data pipeline)."""
-    import models
-    from trainer import amp as ampmod
-
-    class _Cfg:
-        amp, amp_impl, loss_scale, opt_level = amp_dtype is not None, "native", None, "O2"
-    _Cfg.amp_dtype = amp_dtype or "auto"
-    prec = ampmod.resolve(_Cfg, device)
-    torch.manual_seed(0)
-    model = models.get_model(arch, num_classes=1000)
-    if hasattr(model, "set_index_dtype"):
-        model.set_index_dtype(device.index_dtype)
-    model = model.to(device.torch_device).to(memory_format=torch.channels_last)
-    model, step = ampmod.build_step(prec, device, model, 0.1, 0.9, 1e-4)
-    x = torch.randn(batch, 3, size, size, device=device.torch_device).to(memory_format=torch.channels_last)
-    y = torch.randint(0, 1000, (batch,), device=device.torch_device).to(device.target_dtype)
-    criterion = torch.nn.CrossEntropyLoss()
-    model.train()
-    t0 = None
-    for i in range(warm + steps):
-        if i == warm:
-            device.synchronize()
-            t0 = time.time()
-        with step.autocast():
-            loss = criterion(model(x), y)
-        step.zero_grad()
-        step(loss)
-    device.synchronize()
-    return steps * batch / (time.time() - t0)
-
-
-class _Capture:
-    def __init__(self):
-        self.parts = []
-
-    def write(self, s):
-        self.parts.append(s)
-
-    def flush(self):
-        pass
-
-    def text(self):
-        return "".join(self.parts)
-
-
-def _tail(text, n=300):
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return (lines[-1] if lines else "")[:n]
-
-
-def _f(v):
-    return "-" if v is None else "{:.3f}".format(v)
-
-
 def build_parser():
     from trainer.device import KINDS
     p = cli.UsageParser(prog="check_device.py", description=__doc__.split("\n\n")[0],
@@ -560,6 +392,10 @@ def build_parser():
     p.add_argument("--work-dir", default=None, metavar="DIR", help="data, runs and logs (default: a temp folder)")
     p.add_argument("--only", default=None, metavar="NAMES", help="comma-separated subset of: " + ", ".join(CHECKS))
     p.add_argument("--small", action="store_true", help="tiny models and images (for a CPU)")
+    p.add_argument("--decode-ahead", choices=("auto", "on", "off"), default="auto",
+                   help="the device data backend's runs prepare the next batch in a thread beside the step (on) or "
+                        "on the training thread (off); auto: as the device does (Device.decode_ahead: on for "
+                        "CUDA). Where it is on, the FPS checks also measure the training thread")
     return p
 
 
@@ -582,7 +418,8 @@ def run(args, out=None):
         raise UsageError("--work-dir '{}' holds an earlier battery; choose an empty folder".format(work))
     name = device.description()
     log("=> checking {} | torch {} | work dir {}".format(name, torch.__version__, work))
-    battery = Battery(device, work, Sizes(args.small or device.kind == "cpu"), log)
+    battery = Battery(device, work, Sizes(args.small or device.kind == "cpu"), log,
+                      decode_ahead={"auto": None, "on": True, "off": False}[args.decode_ahead])
     t0 = time.time()
     for check in only:
         started = time.time()

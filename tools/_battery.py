@@ -1,0 +1,183 @@
+"""The parts of tools/check_device.py's battery that are not the checks themselves: a main.py run in this
+process with the device data backend's choices, the overflow contract of one optimizer step, the bare
+training loop the FPS checks measure against, the backends check's verdict, and output helpers."""
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import re
+import time
+
+import torch
+
+from trainer.device_names import DEVICE_DECODE
+
+
+def epoch_losses(text):
+    """Last printed running loss of each epoch, from the examples-format lines."""
+    last = {}
+    for m in re.finditer(r"^Epoch: \[(\d+)\]\[\s*\d+/\d+\].*?Loss \S+ \((\S+)\)", text, re.M):
+        last[int(m.group(1))] = float(m.group(2))
+    return [last[k] for k in sorted(last)]
+
+
+@contextlib.contextmanager
+def device_backend_choices(decode_ahead=None, batched_crops=None):
+    """Inside the block, the device data backend (``--data-backend gpu``: its entry of ``trainer.data.BACKENDS``)
+    builds its loaders with these ``LoaderSpec`` choices: ``decode_ahead`` (the next batch prepared in a thread
+    beside the step) and ``batched_crops`` (one roi_align call per batch); None leaves one to the device. For a
+    whole main.py run in this process, whose loaders ``data.build`` makes from its config."""
+    from trainer import data
+    choices = {k: v for k, v in (("decode_ahead", decode_ahead), ("batched_crops", batched_crops)) if v is not None}
+    real = data.BACKENDS[DEVICE_DECODE]
+
+    def loaders(spec, device, train_samples, val_samples):
+        return real(dataclasses.replace(spec, **choices), device, train_samples, val_samples)
+
+    if choices:
+        data.BACKENDS[DEVICE_DECODE] = loaders
+    try:
+        yield
+    finally:
+        data.BACKENDS[DEVICE_DECODE] = real
+
+
+def train_in_process(out, args, batched=True, decode_ahead=None):
+    """main.py ``args`` run in this process (output in ``out``, its log in ``out``.log); the device data
+    backend crops with its batched roi_align (what accelerators run; a CPU's own choice is image by image)
+    unless ``batched`` is False (then: the device's choice); ``decode_ahead`` True or False decides whether it
+    prepares the next batch in a thread (None: the device's choice, ``Device.decode_ahead``). Returns (exit
+    code, summary dict (the evaluation's with -e), epoch losses)."""
+    from trainer import run, summary
+    from trainer.config import parse_config
+    cfg, _ = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
+    cfg = run.preflight(cfg)
+    with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        with device_backend_choices(decode_ahead=decode_ahead, batched_crops=True if batched else None):
+            code = run.worker(cfg)
+    with open(out + ".log") as f:
+        text = f.read()
+    s = {}
+    path = os.path.join(out, summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY)
+    if os.path.exists(path):
+        with open(path) as f:
+            s = json.load(f)
+    return code, s, epoch_losses(text)
+
+
+def backends_alike(runs, gap, cross_gap):
+    """(ok, detail) for {backend: {"acc1", "losses", "acc1_<other backend>"}}: every run's loss fell by a
+    fifth and its Acc@1 is at least twice chance on 10 classes (20 %); the runs' Acc@1 differ by at most
+    ``gap`` points (different training data: seed-like noise); each model scores within ``cross_gap``
+    points when its validation images come from the other backend (the same model on the same images:
+    only the pipelines differ)."""
+    trained = all(len(r["losses"]) >= 2 and r["losses"][-1] < 0.8 * r["losses"][0] and r["acc1"] > 20.0
+                  for r in runs.values())
+    accs = [r["acc1"] for r in runs.values()]
+    spread = max(accs) - min(accs)
+    cross = {b: max([abs(r["acc1"] - v) for k, v in r.items() if k.startswith("acc1_")] or [0.0])
+             for b, r in runs.items()}
+    parts = []
+    for b, r in runs.items():
+        others = ", ".join("{:.1f} % through {}".format(v, k[5:]) for k, v in sorted(r.items())
+                           if k.startswith("acc1_"))
+        parts.append("{}: loss {} -> {}, Acc@1 {:.1f} %{}".format(
+            b, _f(r["losses"][0] if r["losses"] else None), _f(r["losses"][-1] if r["losses"] else None), r["acc1"],
+            " ({})".format(others) if others else ""))
+    worst_cross = max(cross.values())
+    ok = trained and spread <= gap and worst_cross <= cross_gap
+    return ok, "; ".join(parts) + "; Acc@1 gap {:.1f} points (at most {:g}), through the other backend {:.1f} " \
+        "(at most {:g})".format(spread, gap, worst_cross, cross_gap)
+
+
+def overflow_contract(device, precision, fused):
+    """(problem or None, optimizer name): one overflow step then two finite ones against plain SGD."""
+    from trainer import amp as ampmod
+    torch.manual_seed(0)
+    dev = device.torch_device
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(dev)
+    ref = copy.deepcopy(model)
+    model, step = ampmod.build_step(precision, device, model, 0.05, 0.9, 1e-3, fused=fused)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(8, 16, generator=gen).to(dev), torch.randint(0, 4, (8,), generator=gen).to(dev))
+               for _ in range(3)]
+    if precision.scaled:
+        before = [p.detach().clone() for p in model.parameters()]
+        state = copy.deepcopy(step.optimizer.state_dict()["state"])
+        x, y = batches[0]
+        step.zero_grad()
+        step(torch.nn.functional.cross_entropy(model(x), y) * float("inf"))
+        if not all(torch.equal(a, b) for a, b in zip(before, model.parameters())):
+            return "parameters moved on an overflow step", step.name
+        after = step.optimizer.state_dict()["state"]
+        if state.keys() != after.keys() or any(not torch.equal(state[k][n], after[k][n]) for k in state
+                                               for n in state[k] if torch.is_tensor(state[k][n])):
+            return "momentum changed on an overflow step", step.name
+    for x, y in batches:
+        step.zero_grad()
+        step(torch.nn.functional.cross_entropy(model(x), y))
+        ref_opt.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    worst = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+                for a, b in zip((p.detach() for p in model.parameters()), (p.detach() for p in ref.parameters())))
+    if not worst <= 1e-5:
+        return "finite steps differ from plain SGD (rel {:.1e})".format(worst), step.name
+    return None, step.name
+
+
+def bare_loop(device, arch, batch, size, steps, warm, amp_dtype="auto"):
+    """images/s of a bare forward/backward/step loop with the trainer's precision choice for ``--amp
+    --amp-dtype amp_dtype`` (None: float32), on one batch kept on the device (no data pipeline)."""
+    import models
+    from trainer import amp as ampmod
+    dtype = None if amp_dtype is None else device.resolve_amp_dtype(amp_dtype)[0]
+    # what the trainer's native --amp (no --loss-scale: the dynamic scaler where float16 needs one) resolves to
+    prec = (ampmod.Precision(amp_dtype or "auto", "none", None, None) if dtype is None else
+            ampmod.Precision(amp_dtype, "native", dtype, None))
+    torch.manual_seed(0)
+    model = models.get_model(arch, num_classes=1000)
+    if hasattr(model, "set_index_dtype"):
+        model.set_index_dtype(device.index_dtype)
+    model = model.to(device.torch_device).to(memory_format=torch.channels_last)
+    model, step = ampmod.build_step(prec, device, model, 0.1, 0.9, 1e-4)
+    x = torch.randn(batch, 3, size, size, device=device.torch_device).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device=device.torch_device).to(device.target_dtype)
+    criterion = torch.nn.CrossEntropyLoss()
+    model.train()
+    t0 = None
+    for i in range(warm + steps):
+        if i == warm:
+            device.synchronize()
+            t0 = time.time()
+        with step.autocast():
+            loss = criterion(model(x), y)
+        step.zero_grad()
+        step(loss)
+    device.synchronize()
+    return steps * batch / (time.time() - t0)
+
+
+class _Capture:
+    def __init__(self):
+        self.parts = []
+
+    def write(self, s):
+        self.parts.append(s)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.parts)
+
+
+def _tail(text, n=300):
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else "")[:n]
+
+
+def _f(v):
+    return "-" if v is None else "{:.3f}".format(v)
