@@ -165,6 +165,21 @@ def test_no_sys_path_edits_outside_tests():
         ", ".join(edits)
 
 
+MAX_MODULE_LINES = 500  # a module past this is split (tests/ and bench/ aside)
+
+
+def test_no_module_outside_tests_and_bench_is_over_500_lines():
+    long = []
+    for name in sorted(SOURCES):
+        if name.split(".")[0] == "bench":
+            continue
+        with open(SOURCES[name], "rb") as f:
+            lines = f.read().count(b"\n")
+        if lines > MAX_MODULE_LINES:
+            long.append("{} ({} lines)".format(os.path.relpath(SOURCES[name], ROOT), lines))
+    assert not long, "over {} lines, split them: {}".format(MAX_MODULE_LINES, ", ".join(long))
+
+
 def test_the_checks_see_what_they_check():
     """The scanners find a cycle, an upward import and a sys.path edit where there is one."""
     tree = ast.parse("import sys\nsys.path.insert(0, '.')\nsys.path[:0] = ['x']\nsys.path += ['y']\n")
