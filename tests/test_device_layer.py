@@ -47,3 +47,8 @@ def test_the_kind_functions_read_the_kinds_classes():
     assert devmod.prefers_channels_last("cpu") and not devmod.prefers_channels_last("cuda")
     assert devmod.default_workers("cpu", 1, cpus=16) == 4 and devmod.default_workers("cuda", 1, cpus=16) == 15
     assert devmod.default_workers("npu", 8, cpus=16) == 2 and devmod.load_location() == "cpu"
+    # a kind not yet resolved (a driver's plan for --device auto): numbered devices, no kind's own limits
+    assert devmod.class_for("gpu") is devmod.class_for("cuda")
+    assert devmod.has_device_ids("auto") and devmod.supports_sync_bn("auto")
+    assert not devmod.prefers_channels_last("auto") and not devmod.visible_devices_env("auto")
+    assert devmod.rendezvous_schemes("auto") == ("env://", "tcp://", "file://")

@@ -15,8 +15,10 @@ assert tuple(sorted(CLASSES)) == tuple(sorted(KINDS)), "trainer/device_names.py'
 
 
 def class_for(kind):
-    """The ``Device`` class of ``kind`` (a canonical name: npu, cuda, cpu)."""
-    return Device._kinds[kind]
+    """The ``Device`` class of ``kind`` (npu, cuda, cpu, or an alias such as gpu). A kind not yet resolved
+    (``auto``, as a ModelZoo driver plans before any process looks for devices) gets ``Device`` itself, whose
+    attributes are the general answers: numbered devices, no kind's own limits."""
+    return Device._kinds.get(canonical_kind(kind), Device)
 
 
 def count(kind):
