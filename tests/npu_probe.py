@@ -80,7 +80,7 @@ def train_steps(cfg, poison_at, n=4, momentum=0.0):
     m = torch.nn.Linear(4, 3)
     torch_npu.reset_calls()
     apex.reset_calls()
-    prec = ampmod.resolve(cfg, dev)
+    prec = ampmod.resolve(cfg.precision, dev, cfg.launch.world_size)
     m, step = ampmod.build_step(prec, dev, m, 0.1, momentum, 0.0)
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,), dtype=torch.int32)
     trace = []
@@ -127,13 +127,13 @@ obs["apex_optimizer"] = step.name
 # 6. device list checks before any process starts
 from trainer import launch  # noqa: E402
 try:
-    launch.check_devices(cfg_for("--device", "npu", "--device-list", "0-8"), "npu")
+    launch.check_devices(cfg_for("--device", "npu", "--device-list", "0-8").launch, "npu")
     obs["too_many"] = "allowed"
 except UsageError as exc:
     obs["too_many"] = str(exc)
 os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "3,1,2"
 try:
-    launch.check_devices(cfg_for("--device", "npu", "--device-list", "0,1"), "npu")
+    launch.check_devices(cfg_for("--device", "npu", "--device-list", "0,1").launch, "npu")
     obs["descending"] = "allowed"
 except UsageError as exc:
     obs["descending"] = str(exc)
@@ -151,14 +151,15 @@ def apex_init(cfg):
 
 
 cfg = cfg_for("--amp", "--device", "npu")
-obs["guide_amp"] = {"impl": cfg.amp_impl, "loss_scale": cfg.loss_scale, "notes": list(cfg.notes),
+obs["guide_amp"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale, "notes": list(cfg.notes),
                     "initialize": apex_init(cfg)}
 cfg = cfg_for("--amp", "--device", "npu", "--opt-level", "O1", "--loss-scale", "128")
 obs["guide_amp_o1"] = apex_init(cfg)
 cfg = cfg_for("--amp", "--device", "npu", "--loss-scale", "dynamic")
 obs["guide_amp_dynamic"] = apex_init(cfg)
 cfg = cfg_for("--amp", "--device", "npu", "--combine-ddp", "--world-size", "2", "--rank", "0")
-obs["combine_ddp"] = {"precision": ampmod.resolve(cfg, dev).combine_ddp, "initialize": apex_init(cfg)}
+obs["combine_ddp"] = {"precision": ampmod.resolve(cfg.precision, dev, cfg.launch.world_size).combine_ddp,
+                      "initialize": apex_init(cfg)}
 cfg = cfg_for("--amp", "--amp-impl", "native", "--device", "npu", "--opt-level", "O1")
 obs["native_opt_level_notes"] = list(cfg.notes)
 try:
@@ -169,8 +170,8 @@ except UsageError as exc:
 real_apex_amp = devmod.apex_amp
 devmod.apex_amp = devmod.runtime.apex_amp = lambda: None  # an NPU host without Ascend apex
 cfg = cfg_for("--amp", "--device", "npu")
-obs["amp_without_apex"] = {"impl": cfg.amp_impl, "loss_scale": cfg.loss_scale,
-                           "precision": ampmod.resolve(cfg, dev).dtype_name}
+obs["amp_without_apex"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale,
+                           "precision": ampmod.resolve(cfg.precision, dev, cfg.launch.world_size).dtype_name}
 devmod.apex_amp = devmod.runtime.apex_amp = real_apex_amp
 
 # 8. the guides' model name builds the NPU-affine variant, with int32 shuffle indices
@@ -179,7 +180,7 @@ real_to = torch.nn.Module.to
 torch.nn.Module.to = lambda self, *a, **k: self  # fake NPUs hold no tensors: the rest of build_model is real
 cfg = cfg_for("-a", "shufflenet_v2_x1_0", "--device", "npu")
 model = runmod.build_model(cfg, 10, dev, 1)
-obs["guide_shufflenet"] = {"model": cfg.model, "class": type(model).__module__ + "." + type(model).__name__,
+obs["guide_shufflenet"] = {"model": cfg.model.name, "class": type(model).__module__ + "." + type(model).__name__,
                            "notes": list(cfg.notes),
                            "index_dtypes": sorted({str(b.dtype) for n, b in model.named_buffers()
                                                    if "index" in n or "perm" in n})}

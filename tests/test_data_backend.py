@@ -12,6 +12,7 @@ from PIL import Image
 from conftest import SMALL, assert_one_line_error, read_summary, run_main
 from tools.make_dataset import generate
 from trainer import data
+from trainer.config import DataConfig
 from trainer.device import Device
 
 pytestmark = pytest.mark.timeout(180)
@@ -19,12 +20,10 @@ pytestmark = pytest.mark.timeout(180)
 CPU = Device.create("cpu")
 
 
-class Cfg:
-    dummy, channels_last = False, False
-    train_crop_size, crop_scale_min, val_resize_size, val_crop_size = 32, 0.25, 36, 32
-
-    def __init__(self, root, backend):
-        self.data, self.data_backend = root, backend
+def Cfg(root, backend):
+    """The data section these tests load with: 32-pixel crops from a 36-pixel resize."""
+    return DataConfig(root=root, data_backend=backend, train_crop_size=32, crop_scale_min=0.25, val_resize_size=36,
+                      val_crop_size=32)
 
 
 def batches(root, backend, workers, n=3, split="train", batch=8):

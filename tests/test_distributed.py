@@ -226,8 +226,8 @@ def test_killing_one_rank_stops_the_job(data70, tmp_path):
 
 def crash_on_rank_1(cfg):
     """A rank body for spawn: local rank 1 raises, the others would run a minute."""
-    if cfg.local_rank == 1:
-        raise RuntimeError("injected failure on local rank {}".format(cfg.local_rank))
+    if cfg.launch.local_rank == 1:
+        raise RuntimeError("injected failure on local rank {}".format(cfg.launch.local_rank))
     time.sleep(60)
     return 0
 

@@ -26,8 +26,8 @@ def parse(argv, env=None):
 
 @pytest.mark.parametrize("spelling", [["--loss-scale", "-1"], ["--loss_scale", "-1"], ["--loss-scale=-1.0"]])
 def test_loss_scale_minus_one_means_dynamic_as_in_the_guides_parser(spelling):
-    assert parse(["--dummy", "--amp"] + spelling).loss_scale is None
-    assert parse(["--dummy", "--amp", "--loss-scale", "128"]).loss_scale == 128.0
+    assert parse(["--dummy", "--amp"] + spelling).precision.loss_scale is None
+    assert parse(["--dummy", "--amp", "--loss-scale", "128"]).precision.loss_scale == 128.0
 
 
 def test_help_says_what_switches_do_without_default_true():
@@ -46,7 +46,7 @@ def test_help_says_what_switches_do_without_default_true():
 ], ids=["torchrun", "rank_size"])
 def test_multiprocessing_distributed_under_a_launcher_is_ignored_with_a_note(env):
     cfg = parse(["--dummy", "--multiprocessing-distributed", "-b", "8"], env)
-    assert cfg.launch == "process" and cfg.world_size == 2 and cfg.rank == 1
+    assert cfg.launch.mode == "process" and cfg.launch.world_size == 2 and cfg.launch.rank == 1
     assert any("--multiprocessing-distributed is ignored" in n for n in cfg.notes), cfg.notes
 
 
@@ -54,10 +54,10 @@ def test_another_devices_backend_is_replaced_by_this_devices_own_with_a_note():
     for asked in ("hccl", "nccl"):
         cfg = run.preflight(parse(["--dummy", "--device", "cpu", "--dist-backend", asked, "--world-size", "2",
                                    "--rank", "0", "-b", "8"]))
-        assert cfg.dist_backend == "gloo"
+        assert cfg.launch.dist_backend == "gloo"
         assert any(n.startswith("--dist-backend {} is the".format(asked)) and n.endswith("using gloo")
                    for n in cfg.notes), cfg.notes
-    assert run.preflight(parse(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])).dist_backend == "gloo"
+    assert run.preflight(parse(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])).launch.dist_backend == "gloo"
 
 
 @RANKS

@@ -108,32 +108,32 @@ def _cfg(*argv):
 
 def test_npu_rendezvous_is_env_only_and_counts_other_than_1_2_4_8_are_flagged():
     cfg = _cfg("--world-size", "2", "--rank", "0", "--dist-url", "tcp://127.0.0.1:50000")
-    assert launch.check_launch(cfg, "cpu") == ()  # tcp:// is fine off NPU
+    assert launch.check_launch(cfg.launch, "cpu") == ()  # tcp:// is fine off NPU
     with pytest.raises(UsageError, match=r"--dist-url tcp://127.0.0.1:50000: NPU processes .* env://.*--addr"):
-        launch.check_launch(cfg, "npu")
-    assert launch.check_launch(_cfg("--world-size", "2", "--rank", "0"), "npu") == ()
+        launch.check_launch(cfg.launch, "npu")
+    assert launch.check_launch(_cfg("--world-size", "2", "--rank", "0").launch, "npu") == ()
     three = _cfg("--multiprocessing-distributed", "--device-list", "0-2", "-b", "12")
-    notes = launch.check_launch(three, "npu")
+    notes = launch.check_launch(three.launch, "npu")
     assert len(notes) == 1 and "3 device(s) per node" in notes[0] and "1/2/4/8" in notes[0]
-    assert launch.check_launch(three, "cpu") == ()
+    assert launch.check_launch(three.launch, "cpu") == ()
 
 
 def test_device_list_is_sorted_like_the_guide_and_gpu_is_cuda():
     cfg = _cfg("--multiprocessing-distributed", "--device_list", "3,1,2,0")
-    assert cfg.device_list == (0, 1, 2, 3)
+    assert cfg.launch.device_list == (0, 1, 2, 3)
     assert any("taken in ascending order 0,1,2,3" in n for n in cfg.notes)
     assert _cfg("--device-list", "0-3").notes == ()
     from trainer.config import parse_config
-    assert parse_config(["--dummy", "--device", "gpu"], env={})[0].device == "cuda"
+    assert parse_config(["--dummy", "--device", "gpu"], env={})[0].launch.device == "cuda"
 
 
 def test_shufflenet_names_build_the_variant_unless_torchvision_is_asked():
     import models
     cfg = _cfg("-a", "shufflenet_v2_x0_5")
-    assert cfg.arch == "shufflenet_v2_x0_5" and cfg.model == "shufflenet_v2_x0_5_npu" and len(cfg.notes) == 1
+    assert cfg.model.arch == "shufflenet_v2_x0_5" and cfg.model.name == "shufflenet_v2_x0_5_npu" and len(cfg.notes) == 1
     cfg = _cfg("-a", "shufflenet_v2_x0_5", "--model-impl", "torchvision")
-    assert cfg.model == "shufflenet_v2_x0_5" and cfg.notes == ()
-    assert _cfg("-a", "resnet50").model == "resnet50"
+    assert cfg.model.name == "shufflenet_v2_x0_5" and cfg.notes == ()
+    assert _cfg("-a", "resnet50").model.name == "resnet50"
     with pytest.raises(UsageError, match="use -a shufflenet_v2_x1_0 for torchvision's"):
         _cfg("-a", "shufflenet_v2_x1_0_npu", "--model-impl", "torchvision")
     # the variant's weights are torchvision's, so checkpoints of either resume into the other
@@ -150,7 +150,8 @@ def test_precision_flags_without_effect_are_noted():
     cfg = ampmod.settle(_cfg("--opt-level", "O1", "--loss-scale", "128"), "cpu")
     assert cfg.notes == ("--opt-level and --loss-scale have no effect without --amp",)
     cfg = ampmod.settle(_cfg("--amp", "--opt_level", "O2"), "cpu")
-    assert cfg.amp_impl == "native" and any(n.startswith("--opt-level O2 applies to apex only") for n in cfg.notes)
+    assert cfg.precision.amp_impl == "native"
+    assert any(n.startswith("--opt-level O2 applies to apex only") for n in cfg.notes)
     assert ampmod.settle(_cfg("--amp"), "cpu").notes == ()
     with pytest.raises(UsageError, match="--combine-ddp is an option of Ascend apex.amp"):
         ampmod.settle(_cfg("--amp", "--combine-ddp"), "cpu")
@@ -192,7 +193,7 @@ def test_main_recipe_uses_the_rule():
     from trainer.config import parse_config
     cfg, _ = parse_config(["--dummy", "--recipe", "resnet50_8p", "--device", "cpu", "--multiprocessing-distributed",
                            "--device-list", "0,1"], env={})
-    assert (cfg.batch_size, cfg.lr, cfg.workers) == (1024, pytest.approx(0.4), 64)
+    assert (cfg.run.batch_size, cfg.optim.lr, cfg.data.workers) == (1024, pytest.approx(0.4), 64)
     assert any("per-device batch is kept" in n for n in cfg.notes)
 
 

@@ -59,7 +59,7 @@ def train_in_process(out, args, batched=True, decode_ahead=None):
     with open(out + ".log") as f:
         text = f.read()
     s = {}
-    path = os.path.join(out, summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY)
+    path = os.path.join(out, summary.EVAL_SUMMARY if cfg.run.evaluate else summary.SUMMARY)
     if os.path.exists(path):
         with open(path) as f:
             s = json.load(f)

@@ -43,70 +43,71 @@ def settle(cfg, kind):
     """``cfg`` with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``, and a note for
     every precision flag that has no effect in the chosen mode. Checks before any process starts."""
     given, notes = set(cfg.explicit), []
-    if not cfg.amp:
+    if not cfg.precision.amp:
         unused = [f for f, d in (("--opt-level", "opt_level"), ("--loss-scale", "loss_scale")) if d in given]
         if unused:
             notes.append("{} {} no effect without --amp".format(" and ".join(unused),
                                                                "have" if len(unused) > 1 else "has"))
-        if cfg.world_size == 1 and devmod.guides_train_with_amp(kind) and not cfg.evaluate:
+        if cfg.launch.world_size == 1 and devmod.guides_train_with_amp(kind) and not cfg.run.evaluate:
             notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
                          "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
         return cfg.replace(amp_impl="native", notes=cfg.notes + tuple(notes))
-    impl = cfg.amp_impl
+    impl = cfg.precision.amp_impl
     if impl == "auto":
-        impl = "native" if cfg.amp_dtype == "bfloat16" else devmod.default_amp_impl(kind)
-    loss_scale = cfg.loss_scale
+        impl = "native" if cfg.precision.amp_dtype == "bfloat16" else devmod.default_amp_impl(kind)
+    loss_scale = cfg.precision.loss_scale
     if impl == "apex":
-        _check_apex(cfg, kind)
+        _check_apex(cfg.precision, kind)
         if "loss_scale" not in given:
             loss_scale = devmod.default_apex_loss_scale(kind)
-        if cfg.amp_impl == "auto":
+        if cfg.precision.amp_impl == "auto":
             notes.append("--amp: apex.amp {}, loss scale {}{} (the Ascend guide's settings); --amp-impl native for "
-                         "torch's autocast".format(cfg.opt_level, "dynamic" if loss_scale is None else
+                         "torch's autocast".format(cfg.precision.opt_level, "dynamic" if loss_scale is None else
                                                    "{:g} held fixed".format(loss_scale),
                                                    ", combine_grad" if devmod.apex_supports("combine_grad") else ""))
-        if cfg.combine_ddp and not devmod.apex_supports("combine_ddp"):
+        if cfg.precision.combine_ddp and not devmod.apex_supports("combine_ddp"):
             raise UsageError("--combine-ddp: this apex has no combine_ddp (Ascend apex provides it); drop the flag")
-        if cfg.combine_ddp and cfg.world_size == 1:
+        if cfg.precision.combine_ddp and cfg.launch.world_size == 1:
             notes.append("--combine-ddp has no effect in a single-process run")
     else:
-        if cfg.combine_ddp:
+        if cfg.precision.combine_ddp:
             raise UsageError("--combine-ddp is an option of Ascend apex.amp, and this run uses native autocast{}; "
                              "drop the flag".format("" if devmod.apex_amp() is not None
                                                     else " (apex is not installed)"))
         if "opt_level" in given:
             notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
-                cfg.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
+                cfg.precision.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
     return cfg.replace(amp_impl=impl, loss_scale=loss_scale, notes=cfg.notes + tuple(notes))
 
 
-def _check_apex(cfg, kind):
+def _check_apex(section, kind):
     """Fail early (before any process starts) on an impossible apex combination."""
     if devmod.apex_amp() is None:
         raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
                          "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
     if not devmod.supports_apex(kind):
         raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
-    if cfg.amp_dtype == "bfloat16":
+    if section.amp_dtype == "bfloat16":
         raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")
 
 
-def resolve(cfg, device):
-    """The run's ``Precision`` on ``device``."""
-    if not cfg.amp:
-        return Precision(cfg.amp_dtype, "none", None, None)
-    if cfg.amp_impl == "apex":
-        return Precision(cfg.amp_dtype, "apex", torch.float16, cfg.loss_scale, cfg.opt_level,
-                         combine_ddp=cfg.combine_ddp and cfg.world_size != 1)
-    dtype, note = device.resolve_amp_dtype(cfg.amp_dtype)
-    if dtype != torch.float16 and cfg.loss_scale is not None:
+def resolve(section, device, world_size=1):
+    """The run's ``Precision`` on ``device`` from the config's precision section (a config.PrecisionConfig, settled
+    by ``settle``) in a job of ``world_size`` processes."""
+    p = section
+    if not p.amp:
+        return Precision(p.amp_dtype, "none", None, None)
+    if p.amp_impl == "apex":
+        return Precision(p.amp_dtype, "apex", torch.float16, p.loss_scale, p.opt_level,
+                         combine_ddp=p.combine_ddp and world_size != 1)
+    dtype, note = device.resolve_amp_dtype(p.amp_dtype)
+    if dtype != torch.float16 and p.loss_scale is not None:
         extra = "{} needs no loss scaling: --loss-scale {:g} is not used".format(
-            "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", cfg.loss_scale)
+            "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", p.loss_scale)
         note = extra if note is None else note + "; " + extra
     if dtype is None:
-        return Precision(cfg.amp_dtype, "none", None, None, note=note)
-    return Precision(cfg.amp_dtype, "native", dtype, cfg.loss_scale if dtype == torch.float16 else None,
-                     note=note)
+        return Precision(p.amp_dtype, "none", None, None, note=note)
+    return Precision(p.amp_dtype, "native", dtype, p.loss_scale if dtype == torch.float16 else None, note=note)
 
 
 def inspection_dtype(device, requested="auto"):

@@ -20,81 +20,174 @@ DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
 OPT_LEVELS = ("O1", "O2")
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    data: Optional[str]
-    arch: str  # as given (checkpoints and summaries name it)
-    model: str  # the network built: --arch, or this project's variant of it (models.resolve)
-    model_impl: str
-    workers: Optional[int]  # None: from the device kind and the cores (run.build)
-    epochs: int
-    start_epoch: int
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    print_freq: int
-    resume: Optional[str]
-    evaluate: bool
-    pretrained: Optional[str]
-    seed: Optional[int]
-    dummy: bool
-    device: str
-    device_index: Optional[int]
-    amp: bool
-    amp_impl: str  # auto | native | apex (auto is settled once the device is known: trainer/amp.py settle)
-    amp_dtype: str
-    opt_level: str
-    loss_scale: Optional[float]  # None = dynamic
-    label_smoothing: float
-    lr_schedule: str
-    warmup_epochs: float
-    train_crop_size: int
-    crop_scale_min: float
-    val_resize_size: int
-    val_crop_size: int
-    channels_last: Optional[bool]  # None: the device's default (settled in run.preflight)
-    data_backend: str  # auto | cpu | gpu
-    num_classes: Optional[int]
-    output_dir: str
-    eval_freq: int
-    validate: bool
-    max_steps_per_epoch: Optional[int]
-    fps_warmup_steps: int
-    zero_init_residual: bool
-    recipe: Optional[str]
-    profile_steps: Optional[Tuple[int, int]]
-    profile_stop: bool
-    progress: str  # auto | bar | lines
-    tensorboard_dir: Optional[str]  # None: no TensorBoard
-    # distributed (see trainer/launch.py)
-    launch: str  # single | spawn | process
-    world_size: int  # total processes (spawn: known once the devices are counted)
-    rank: int  # global rank (spawn parent: this node's first rank)
-    nodes: int
-    node_rank: int
-    procs_per_node: int
-    dist_url: Optional[str]
-    dist_backend: Optional[str]
-    multiprocessing_distributed: bool
-    device_list: Optional[Tuple[int, ...]]
-    addr: Optional[str]
-    port: Optional[int]
-    local_rank: Optional[int]
-    sync_bn: bool
-    broadcast_buffers: bool
-    dist_timeout: float
-    combine_ddp: bool = False
-    optimizer: str = DEFAULT_OPTIMIZER  # a name of trainer.optim.OPTIMIZERS
-    pretrained_published: bool = False  # --pretrained alone: torchvision's published weights (``pretrained``: the file)
-    explicit: Tuple[str, ...] = ()  # the flags given on the command line (their argparse dests)
-    notes: Tuple[str, ...] = ()  # how the command line was adapted (logged at the start of the run)
-
+class _Section:
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
 
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
+    """What ``trainer.data.build`` reads."""
+    root: Optional[str] = None  # DIR (None with --dummy)
+    dummy: bool = False
+    workers: Optional[int] = None  # per node; None: from the device kind and the cores (run.build)
+    train_crop_size: int = 224
+    crop_scale_min: float = 0.08
+    val_resize_size: int = 256
+    val_crop_size: int = 224
+    data_backend: str = "auto"  # auto | cpu | gpu
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(_Section):
+    """What ``run.build_model`` reads."""
+    arch: str = "resnet18"  # as given (checkpoints and summaries name it)
+    name: str = "resnet18"  # the network built: --arch, or this project's variant of it (models.resolve)
+    model_impl: str = "auto"
+    pretrained: Optional[str] = None  # a weights file
+    pretrained_published: bool = False  # --pretrained alone: torchvision's published weights (``pretrained``: the file)
+    num_classes: Optional[int] = None  # None: the data's class count
+    zero_init_residual: bool = False
+    channels_last: Optional[bool] = None  # None: the device's default (settled in run.preflight)
+    sync_bn: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(_Section):
+    """What the optimizer (trainer.optim), its schedule and the loss read."""
+    optimizer: str = DEFAULT_OPTIMIZER  # a name of trainer.optim.OPTIMIZERS
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    lr_schedule: str = "step"
+    warmup_epochs: float = 0.0
+    label_smoothing: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig(_Section):
+    """What trainer.amp reads (--amp and its options)."""
+    amp: bool = False
+    amp_impl: str = "auto"  # auto | native | apex (auto is settled once the device is known: trainer/amp.py settle)
+    amp_dtype: str = "auto"
+    opt_level: str = "O2"
+    loss_scale: Optional[float] = None  # None = dynamic
+    combine_ddp: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig(_Section):
+    """Where this process sits in the job and how it meets the others (trainer/launch.py)."""
+    device: str = "auto"
+    device_index: Optional[int] = None  # --gpu
+    mode: str = "single"  # single | spawn | process
+    world_size: int = 1  # total processes (spawn: known once the devices are counted)
+    rank: int = 0  # global rank (spawn parent: this node's first rank)
+    nodes: int = 1
+    node_rank: int = 0
+    procs_per_node: int = 1
+    dist_url: Optional[str] = "env://"
+    dist_backend: Optional[str] = None
+    multiprocessing_distributed: bool = False
+    device_list: Optional[Tuple[int, ...]] = None
+    addr: Optional[str] = "127.0.0.1"
+    port: Optional[int] = None
+    local_rank: Optional[int] = None
+    broadcast_buffers: bool = True
+    dist_timeout: float = 1800.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(_Section):
+    """The run itself: its length and batch, what it resumes, where it writes, what it shows."""
+    epochs: int = 90
+    start_epoch: int = 0
+    batch_size: int = 256  # global
+    print_freq: int = 10
+    resume: Optional[str] = None
+    evaluate: bool = False
+    seed: Optional[int] = None
+    output_dir: str = "."
+    eval_freq: int = 1
+    validate: bool = True
+    max_steps_per_epoch: Optional[int] = None
+    fps_warmup_steps: int = 0
+    recipe: Optional[str] = None
+    profile_steps: Optional[Tuple[int, int]] = None
+    profile_stop: bool = False
+    progress: str = "auto"  # auto | bar | lines
+    tensorboard_dir: Optional[str] = None  # None: no TensorBoard
+
+
+SECTIONS = (("data", DataConfig), ("model", ModelConfig), ("optim", OptimConfig), ("precision", PrecisionConfig),
+            ("launch", LaunchConfig), ("run", RunConfig))
+# the flat names (checkpoints' and summaries' "config", Config.replace) of the fields whose section names them
+# otherwise
+RENAMED = {"data": ("data", "root"), "model": ("model", "name"), "launch": ("launch", "mode")}
+
+
+# the flat names in the order checkpoints and summaries have always listed them
+FLAT_ORDER = """
+    data arch model model_impl workers epochs start_epoch batch_size lr momentum weight_decay print_freq resume
+    evaluate pretrained seed dummy device device_index amp amp_impl amp_dtype opt_level loss_scale
+    label_smoothing lr_schedule warmup_epochs train_crop_size crop_scale_min val_resize_size val_crop_size
+    channels_last data_backend num_classes output_dir eval_freq validate max_steps_per_epoch fps_warmup_steps
+    zero_init_residual recipe profile_steps profile_stop progress tensorboard_dir launch world_size rank nodes
+    node_rank procs_per_node dist_url dist_backend multiprocessing_distributed device_list addr port local_rank
+    sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published
+""".split()
+
+
+def _flat_names():
+    where = dict(RENAMED)
+    for section, cls in SECTIONS:
+        for f in dataclasses.fields(cls):
+            if (section, f.name) not in RENAMED.values():
+                where[f.name] = (section, f.name)
+    assert sorted(where) == sorted(FLAT_ORDER), "every field has one flat name"
+    return dict((name, where[name]) for name in FLAT_ORDER)
+
+
+FLAT = _flat_names()  # flat name -> (section, field)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The run's configuration: one frozen section per subsystem (each factory takes its own), the flags given on
+    the command line, and the notes on how the command line was adapted (logged at the start of the run)."""
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    launch: LaunchConfig = LaunchConfig()
+    run: RunConfig = RunConfig()
+    explicit: Tuple[str, ...] = ()  # the flags given on the command line (their argparse dests)
+    notes: Tuple[str, ...] = ()
+
+    def replace(self, **changes):
+        """A copy with fields changed: sections whole (``launch=LaunchConfig(...)``), or fields by their flat
+        names (``world_size=8``; ``data=DIR``, ``model=NAME``, ``launch=MODE``: see ``as_dict``)."""
+        top, per_section = {}, {}
+        for name, value in changes.items():
+            if name in ("explicit", "notes") or isinstance(value, _Section):
+                top[name] = value
+            elif name in FLAT:
+                section, field = FLAT[name]
+                per_section.setdefault(section, {})[field] = value
+            else:
+                raise TypeError("Config has no field '{}'".format(name))
+        for section, fields in per_section.items():
+            top[section] = top.get(section, getattr(self, section)).replace(**fields)
+        return dataclasses.replace(self, **top)
+
     def as_dict(self):
-        return dataclasses.asdict(self)
+        """Every field under its flat name (the command line's dests: ``data`` is the data set's folder, ``model``
+        the network built, ``launch`` the launch mode): what checkpoints and summaries record as "config"."""
+        out = {}
+        for name, (section, field) in FLAT.items():
+            out[name] = getattr(getattr(self, section), field)
+        out["explicit"], out["notes"] = self.explicit, self.notes
+        return out
 
 
 def parse_device_list(text):
@@ -375,27 +468,31 @@ def validate(ns, env, notes=(), explicit=()):
     dist = placement.resolve_launch(ns, env)
     notes = notes + dist["notes"]
     return Config(
-        data=data, arch=ns.arch, model=model, model_impl=ns.model_impl, workers=ns.workers, epochs=ns.epochs,
-        start_epoch=ns.start_epoch,
-        batch_size=ns.batch_size, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
-        print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate,
-        pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
-        pretrained_published=ns.pretrained == PUBLISHED,
-        seed=ns.seed, dummy=ns.dummy, device=canonical_kind(ns.device), device_index=ns.gpu, amp=ns.amp,
-        amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level, loss_scale=ns.loss_scale,
-        label_smoothing=ns.label_smoothing, lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
-        train_crop_size=ns.train_crop_size, crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
-        val_crop_size=ns.val_crop_size, channels_last=ns.channels_last, data_backend=ns.data_backend,
-        num_classes=ns.num_classes,
-        output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
-        max_steps_per_epoch=ns.max_steps_per_epoch,
-        fps_warmup_steps=ns.fps_warmup_steps, zero_init_residual=ns.zero_init_residual,
-        recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop, progress=ns.progress,
-        tensorboard_dir=(ns.tensorboard_dir or os.path.join(ns.output_dir, "tensorboard")) if ns.tensorboard else None,
-        launch=dist["launch"], world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
-        node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"], dist_url=dist["dist_url"],
-        dist_backend=ns.dist_backend, multiprocessing_distributed=ns.multiprocessing_distributed,
-        device_list=device_list, addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
-        sync_bn=ns.sync_bn, broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout),
-        combine_ddp=ns.combine_ddp, optimizer=ns.optimizer, explicit=tuple(sorted(explicit)), notes=notes,
+        data=DataConfig(root=data, dummy=ns.dummy, workers=ns.workers, train_crop_size=ns.train_crop_size,
+                        crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
+                        val_crop_size=ns.val_crop_size, data_backend=ns.data_backend),
+        model=ModelConfig(arch=ns.arch, name=model, model_impl=ns.model_impl,
+                          pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
+                          pretrained_published=ns.pretrained == PUBLISHED, num_classes=ns.num_classes,
+                          zero_init_residual=ns.zero_init_residual, channels_last=ns.channels_last, sync_bn=ns.sync_bn),
+        optim=OptimConfig(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
+                          lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
+                          label_smoothing=ns.label_smoothing),
+        precision=PrecisionConfig(amp=ns.amp, amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level,
+                                  loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp),
+        launch=LaunchConfig(device=canonical_kind(ns.device), device_index=ns.gpu, mode=dist["launch"],
+                            world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
+                            node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"],
+                            dist_url=dist["dist_url"], dist_backend=ns.dist_backend,
+                            multiprocessing_distributed=ns.multiprocessing_distributed, device_list=device_list,
+                            addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
+                            broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout)),
+        run=RunConfig(epochs=ns.epochs, start_epoch=ns.start_epoch, batch_size=ns.batch_size,
+                      print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, seed=ns.seed,
+                      output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
+                      max_steps_per_epoch=ns.max_steps_per_epoch, fps_warmup_steps=ns.fps_warmup_steps,
+                      recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
+                      progress=ns.progress, tensorboard_dir=(ns.tensorboard_dir or os.path.join(
+                          ns.output_dir, "tensorboard")) if ns.tensorboard else None),
+        explicit=tuple(sorted(explicit)), notes=notes,
     )

@@ -75,13 +75,13 @@ class _SayWhileWaiting:
     saying which rank this is, for how many it waits, where, and what usually keeps them (the guide's shell loop
     printed without ``&`` starts the next rank only after this one ends). The wait still ends at --dist-timeout."""
 
-    def __init__(self, cfg):
-        self.cfg, self.done, self.thread = cfg, threading.Event(), None
+    def __init__(self, section):
+        self.section, self.done, self.thread = section, threading.Event(), None
 
     def line(self, waited):
-        cfg = self.cfg
-        where = "{}:{}".format(cfg.addr, cfg.port) if cfg.dist_url.startswith("env://") else cfg.dist_url
-        if cfg.launch == "spawn":
+        s = self.section
+        where = "{}:{}".format(s.addr, s.port) if s.dist_url.startswith("env://") else s.dist_url
+        if s.mode == "spawn":
             hint = "start the other nodes with the same --addr and --port"
         elif os.environ.get("TORCHELASTIC_RUN_ID"):
             hint = "torchrun starts the others; check the other nodes' launch"
@@ -89,8 +89,8 @@ class _SayWhileWaiting:
             hint = ("start the other ranks in the background (end each 'python3 main.py ...' line of a loop with &), "
                     "or they never start while this one waits")
         return ("note: rank {} of {} waiting {:.0f} s at the rendezvous {} for the other {} process(es): {}; "
-                "giving up after --dist-timeout {:g} s".format(cfg.rank, cfg.world_size, waited, where,
-                                                              cfg.world_size - 1, hint, cfg.dist_timeout))
+                "giving up after --dist-timeout {:g} s".format(s.rank, s.world_size, waited, where,
+                                                              s.world_size - 1, hint, s.dist_timeout))
 
     def _run(self):
         t0, wait = time.time(), WAIT_FIRST
@@ -110,26 +110,26 @@ class _SayWhileWaiting:
         return False
 
 
-def init(cfg, device):
+def init(section, device):
     """Join the process group (after the device is set); returns a Dist."""
-    if cfg.world_size <= 1 or cfg.launch == "single":
+    if section.world_size <= 1 or section.mode == "single":
         return Dist()
-    backend = cfg.dist_backend or device.dist_backend
-    if cfg.dist_url.startswith("env://"):
-        os.environ["MASTER_ADDR"] = cfg.addr
-        os.environ["MASTER_PORT"] = str(cfg.port)
+    backend = section.dist_backend or device.dist_backend
+    if section.dist_url.startswith("env://"):
+        os.environ["MASTER_ADDR"] = section.addr
+        os.environ["MASTER_PORT"] = str(section.port)
     try:
-        with _SayWhileWaiting(cfg):
+        with _SayWhileWaiting(section):
             torch.distributed.init_process_group(
-                backend=backend, init_method=cfg.dist_url, world_size=cfg.world_size, rank=cfg.rank,
-                timeout=datetime.timedelta(seconds=cfg.dist_timeout))
+                backend=backend, init_method=section.dist_url, world_size=section.world_size, rank=section.rank,
+                timeout=datetime.timedelta(seconds=section.dist_timeout))
     except (RuntimeError, ValueError) as exc:
         text = str(exc)
         if "in use" in text.lower() or "EADDRINUSE" in text:
             raise UsageError("port {} on {} is in use: pass --port N with a free port, or --port 0 to pick "
-                             "one".format(cfg.port, cfg.addr))
+                             "one".format(section.port, section.addr))
         if "backend" in text.lower() and backend in text:
             raise UsageError("distributed backend '{}' is not available in this torch ({})".format(
                 backend, text.splitlines()[0]))
         raise
-    return Dist(cfg.rank, cfg.world_size, active=True)
+    return Dist(section.rank, section.world_size, active=True)

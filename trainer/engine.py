@@ -22,7 +22,7 @@ class Engine:
                  profiler=None, recorder=None):
         self.model = model  # possibly wrapped (DDP / apex)
         self.criterion = criterion
-        self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=cfg.label_smoothing)
+        self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=cfg.optim.label_smoothing)
         self.step, self.precision, self.device, self.dist = step, precision, device, dist
         self.normalize, self.schedule, self.cfg, self.log = normalizer, schedule, cfg, log
         self.profiler = profiler
@@ -48,7 +48,7 @@ class Engine:
         batch = None
         sums, guard, optimizer, rec = metrics.Sums(dev), Guard(dev), self.step.optimizer, self.recorder
         meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch))
-        clock = metrics.StepClock(dev, steps, cfg.fps_warmup_steps)
+        clock = metrics.StepClock(dev, steps, cfg.run.fps_warmup_steps)
         rec.start_epoch(epoch, steps)
         for i, (images, target) in clock.batches(loader, steps):
             batch = images.shape[0]
@@ -67,7 +67,7 @@ class Engine:
                 if self.profiler.stop_run:
                     self.stop_requested = True
             clock.stepped(i)
-            if i % cfg.print_freq == 0 or i == steps - 1 or self.stop_requested:
+            if i % cfg.run.print_freq == 0 or i == steps - 1 or self.stop_requested:
                 interval, running, live = sums.read(self._reduce, self.step.live_scalars())  # syncs the device
                 span = clock.span(i)
                 meters.update(span, interval, running)
@@ -116,7 +116,7 @@ class Engine:
             c1, c5 = metrics.correct_counts(output, y, m)
             sums.add((per_sample * m).sum(), c1, c5, m.sum())
             rec.step(images.shape[0])
-            if i % cfg.print_freq == 0 or i == steps - 1:
+            if i % cfg.run.print_freq == 0 or i == steps - 1:
                 interval, running = sums.read(self._reduce)
                 meters.update(clock.span(i), interval, running)
                 if not rec.bar:

@@ -31,20 +31,20 @@ class Quiet(UsageError):
 
 def owns_folder(cfg):
     """Whether this process holds --output-dir for the job: the one that starts rank 0 (a training run)."""
-    first = cfg.node_rank == 0 if cfg.launch == "spawn" else cfg.rank == 0
-    return first and not cfg.evaluate
+    first = cfg.launch.node_rank == 0 if cfg.launch.mode == "spawn" else cfg.launch.rank == 0
+    return first and not cfg.run.evaluate
 
 
 def take_folder(cfg):
     """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
     without one. Returns (lock, cfg with a note when a stale lock was taken over)."""
-    held_lock = lock.RunLock(cfg.output_dir).acquire()
+    held_lock = lock.RunLock(cfg.run.output_dir).acquire()
     try:
-        if cfg.resume is None:
-            held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.output_dir, f))]
+        if cfg.run.resume is None:
+            held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.run.output_dir, f))]
             if held:
                 raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
-                                 "or choose another --output-dir".format(cfg.output_dir, ", ".join(held)))
+                                 "or choose another --output-dir".format(cfg.run.output_dir, ", ".join(held)))
     except BaseException:
         held_lock.release()
         raise
@@ -72,13 +72,13 @@ def node_writer(cfg, dist, device, log):
     A node whose folder cannot be taken (in use, or a new run into a folder holding one) stops every rank
     with that node's one line.
     """
-    if not dist.active or cfg.nodes <= 1:
+    if not dist.active or cfg.launch.nodes <= 1:
         return dist.is_main, None, cfg
-    leader = (cfg.local_rank or 0) == 0
+    leader = (cfg.launch.local_rank or 0) == 0
     token = dist.broadcast_int(secrets.randbits(30), device)  # every rank calls it; rank 0's value wins
-    path = os.path.join(cfg.output_dir, TOKEN.format(token))
+    path = os.path.join(cfg.run.output_dir, TOKEN.format(token))
     if dist.is_main:
-        os.makedirs(cfg.output_dir, exist_ok=True)
+        os.makedirs(cfg.run.output_dir, exist_ok=True)
         open(path, "w").close()
     dist.barrier()
     own = leader and not dist.is_main and not _sees(path)
@@ -89,12 +89,12 @@ def node_writer(cfg, dist, device, log):
         except OSError:
             pass
     held, problem = None, None
-    if own and not cfg.evaluate:
+    if own and not cfg.run.evaluate:
         try:
             held, cfg = take_folder(cfg)
         except UsageError as exc:
             problem = exc
-    bad = int(dist.max(cfg.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1
+    bad = int(dist.max(cfg.launch.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1
     if bad:
         if held is not None:
             held.release()
@@ -105,13 +105,13 @@ def node_writer(cfg, dist, device, log):
     owners = int(round(dist.sum(1.0 if own else 0.0, device)))
     if owners == 0:
         log("=> --output-dir '{}' is shared by all {} nodes: rank 0 writes the checkpoints and the summary".format(
-            cfg.output_dir, cfg.nodes))
+            cfg.run.output_dir, cfg.launch.nodes))
     else:
         log("=> --output-dir: {} of {} nodes do not see rank 0's folder; each of them keeps its own checkpoints and "
-            "summary (written by its local rank 0) in its own --output-dir".format(owners, cfg.nodes))
+            "summary (written by its local rank 0) in its own --output-dir".format(owners, cfg.launch.nodes))
     if own:
         log("=> node {} writes its own checkpoints and summary in '{}' (not the folder rank 0 writes)".format(
-            cfg.node_rank, cfg.output_dir), all_ranks=True)
+            cfg.launch.node_rank, cfg.run.output_dir), all_ranks=True)
     return dist.is_main or own, held, cfg
 
 

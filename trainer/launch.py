@@ -147,47 +147,47 @@ def _place(ns, env):
 def settle_backend(cfg, kind):
     """``cfg`` with a --dist-backend that names another device's collective library (the guides' hccl on a GPU
     or CPU, nccl off CUDA) replaced by this device's own, and a note saying so."""
-    owner = devmod.backend_owner(cfg.dist_backend)
+    owner = devmod.backend_owner(cfg.launch.dist_backend)
     if owner is None or owner == kind:
         return cfg
     own = devmod.default_backend(kind)
     return cfg.replace(dist_backend=own, notes=cfg.notes + (
         "--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
-            cfg.dist_backend, owner.upper(), kind.upper(), own),))
+            cfg.launch.dist_backend, owner.upper(), kind.upper(), own),))
 
 
-def check_launch(cfg, kind):
+def check_launch(section, kind):
     """Before any process starts: the rendezvous and the device count suit ``kind``. Returns notes."""
     schemes = devmod.rendezvous_schemes(kind)
-    if cfg.world_size != 1 and not cfg.dist_url.startswith(schemes):
+    if section.world_size != 1 and not section.dist_url.startswith(schemes):
         raise UsageError("--dist-url {}: {} processes start their group from environment variables only "
                          "(init_method env://, as the Ascend guide says); drop --dist-url and give the master as "
-                         "--addr HOST --port PORT".format(cfg.dist_url, kind.upper()))
+                         "--addr HOST --port PORT".format(section.dist_url, kind.upper()))
     allowed = devmod.supported_devices_per_node(kind)
-    per_node = cfg.procs_per_node or (len(cfg.device_list) if cfg.device_list else devmod.count(kind))
-    if allowed and cfg.world_size != 1 and per_node not in allowed:
+    per_node = section.procs_per_node or (len(section.device_list) if section.device_list else devmod.count(kind))
+    if allowed and section.world_size != 1 and per_node not in allowed:
         return ("{} device(s) per node: the Ascend guide supports only {} {}s per node for collective "
                 "communication; expect the collectives to fail".format(per_node, "/".join(map(str, allowed)),
                                                                         kind.upper()),)
     return ()
 
 
-def device_index(cfg):
+def device_index(section):
     """The device this process uses: its slot of --device-list, or --gpu, or its local rank."""
-    slot = cfg.local_rank or 0
-    if cfg.device_list:
-        if slot >= len(cfg.device_list):
+    slot = section.local_rank or 0
+    if section.device_list:
+        if slot >= len(section.device_list):
             raise UsageError("local rank {} has no entry in --device-list {} ({} entries)".format(
-                slot, ",".join(map(str, cfg.device_list)), len(cfg.device_list)))
-        return cfg.device_list[slot]
-    if cfg.device_index is not None:
-        return cfg.device_index
+                slot, ",".join(map(str, section.device_list)), len(section.device_list)))
+        return section.device_list[slot]
+    if section.device_index is not None:
+        return section.device_index
     return slot
 
 
-def check_devices(cfg, kind):
+def check_devices(section, kind):
     """Before any process starts: the device list exists on this machine."""
-    ids = cfg.device_list
+    ids = section.device_list
     if not ids or not devmod.has_device_ids(kind):
         return
     problem = devmod.visible_devices_problem(kind)

@@ -114,20 +114,20 @@ def spawn(cfg, kind, worker):
     If any rank fails, the others are stopped and this returns its exit code (2 for a
     user error, 4 for a divergence, 1 otherwise); Ctrl-C stops all of them (130, SIGTERM 143).
     """
-    ids = cfg.device_list or tuple(range(devmod.count(kind)))
+    ids = cfg.launch.device_list or tuple(range(devmod.count(kind)))
     nprocs = len(ids)
-    world = cfg.nodes * nprocs
-    if cfg.batch_size % world:
+    world = cfg.launch.nodes * nprocs
+    if cfg.run.batch_size % world:
         raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
-            cfg.batch_size, world, world))
-    port = cfg.port
-    if cfg.dist_url.startswith("env://") and cfg.node_rank == 0:
+            cfg.run.batch_size, world, world))
+    port = cfg.launch.port
+    if cfg.launch.dist_url.startswith("env://") and cfg.launch.node_rank == 0:
         if port == 0:
             port = free_port()
         else:
             check_port_free(port)
     child = cfg.replace(device_list=tuple(ids), world_size=world, procs_per_node=nprocs,
-                        rank=cfg.node_rank * nprocs, port=port)
+                        rank=cfg.launch.node_rank * nprocs, port=port)
     ranks, trace_dir = Ranks(), tempfile.mkdtemp(prefix="ranks-")
     traces = [os.path.join(trace_dir, "rank{}.trace".format(i)) for i in range(nprocs)]
     try:
@@ -144,7 +144,7 @@ def spawn(cfg, kind, worker):
         # each ends as an interrupted run, summary written; SIGTERM is passed on as it came
         ranks.stop(sig=signal.SIGINT if exc.signum == signal.SIGINT else signal.SIGTERM)
         sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
-                         "--resume auto\n".format(cfg.output_dir))
+                         "--resume auto\n".format(cfg.run.output_dir))
         return exc.exit_code
     finally:
         if ranks.running():
@@ -191,7 +191,7 @@ def _spawn_entry(local_index, cfg, worker, trace_path):
     """A spawned rank: run ``worker``, exit with its code. A raised exception's traceback goes to
     ``trace_path`` for the supervisor to print once (the rank itself prints nothing), exit code 1."""
     _die_with_parent()
-    cfg = cfg.replace(local_rank=local_index, rank=cfg.rank + local_index)
+    cfg = cfg.replace(local_rank=local_index, rank=cfg.launch.rank + local_index)
     try:
         code = worker(cfg)
     except KeyboardInterrupt:

@@ -31,30 +31,30 @@ def preflight(cfg, reader=None):
     """Cheap checks in the launching process; returns ``cfg`` settled for its device (the kind resolved,
     --amp-impl auto decided, notes added). The files it reads stay with ``reader`` for this process's run."""
     reader = reader or checkpoint.Reader()
-    cli.check_arch(cfg.arch)
-    kind = resolve_kind(cfg.device)
-    launch.check_devices(cfg, kind)
+    cli.check_arch(cfg.model.arch)
+    kind = resolve_kind(cfg.launch.device)
+    launch.check_devices(cfg.launch, kind)
     cfg = ampmod.settle(cfg.replace(device=kind), kind)
-    if cfg.channels_last is None:
+    if cfg.model.channels_last is None:
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
     cfg = launch.settle_backend(cfg, kind)
-    cfg = cfg.replace(notes=cfg.notes + launch.check_launch(cfg, kind))
-    if cfg.sync_bn and not devmod.supports_sync_bn(kind):
+    cfg = cfg.replace(notes=cfg.notes + launch.check_launch(cfg.launch, kind))
+    if cfg.model.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
-    if not cfg.dummy:
-        data.check_data_root(cfg.data, need_train=not cfg.evaluate)
-    if cfg.pretrained_published:
-        cfg = cfg.replace(pretrained=checkpoint.published_weights(cfg.arch, cfg.model))
-    if cfg.pretrained is not None:
-        reader.read(cfg.pretrained, "weights file")
-    resume = checkpoint.resolve_resume(cfg.resume, cfg.output_dir)
+    if not cfg.data.dummy:
+        data.check_data_root(cfg.data.root, need_train=not cfg.run.evaluate)
+    if cfg.model.pretrained_published:
+        cfg = cfg.replace(pretrained=checkpoint.published_weights(cfg.model.arch, cfg.model.name))
+    if cfg.model.pretrained is not None:
+        reader.read(cfg.model.pretrained, "weights file")
+    resume = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir)
     if resume is not None:
-        if cfg.evaluate:
+        if cfg.run.evaluate:
             checkpoint.state_dict_of(reader.read(resume), resume)
         else:
-            checkpoint.read_training(resume, cfg.arch, reader)
-    if os.path.exists(cfg.output_dir) and not os.path.isdir(cfg.output_dir):
-        raise UsageError("--output-dir '{}' is a file, not a folder".format(cfg.output_dir))
+            checkpoint.read_training(resume, cfg.model.arch, reader)
+    if os.path.exists(cfg.run.output_dir) and not os.path.isdir(cfg.run.output_dir):
+        raise UsageError("--output-dir '{}' is a file, not a folder".format(cfg.run.output_dir))
     return cfg
 
 
@@ -66,8 +66,8 @@ def run(cfg):
     if folders.owns_folder(cfg):
         held_lock, cfg = folders.take_folder(cfg)
     try:
-        if cfg.launch == "spawn":
-            return ranks.spawn(cfg, cfg.device, worker)  # the ranks read for themselves
+        if cfg.launch.mode == "spawn":
+            return ranks.spawn(cfg, cfg.launch.device, worker)  # the ranks read for themselves
         return worker(cfg, reader)
     finally:
         if held_lock is not None:
@@ -80,9 +80,9 @@ def worker(cfg, reader=None):
     process."""
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
-        device = Device.create(cfg.device, launch.device_index(cfg))
+        device = Device.create(cfg.launch.device, launch.device_index(cfg.launch))
         host_memory = devmod.keep_host_memory(device.kind)
-        dist = distributed.init(cfg, device)
+        dist = distributed.init(cfg.launch, device)
     except UsageError as exc:
         return cli.report(exc)
     log = metrics.Logger(dist.rank)
@@ -90,16 +90,16 @@ def worker(cfg, reader=None):
     try:
         writes, node_lock, cfg = folders.node_writer(cfg, dist, device, log)
         if writes:
-            os.makedirs(cfg.output_dir, exist_ok=True)
-            name = summary.EVAL_SUMMARY if cfg.evaluate else summary.SUMMARY
-            rs = summary.RunSummary(cfg, os.path.join(cfg.output_dir, name))
+            os.makedirs(cfg.run.output_dir, exist_ok=True)
+            name = summary.EVAL_SUMMARY if cfg.run.evaluate else summary.SUMMARY
+            rs = summary.RunSummary(cfg, os.path.join(cfg.run.output_dir, name))
             rs.update(host_memory=host_memory)
         job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader())
-        return evaluate(job) if cfg.evaluate else train(job)
+        return evaluate(job) if cfg.run.evaluate else train(job)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
         _finish(rs, "interrupted", "interrupted by the user")  # must not cut the summary short
-        if dist.is_main and cfg.launch != "spawn":  # spawn's parent says it for all ranks
+        if dist.is_main and cfg.launch.mode != "spawn":  # spawn's parent says it for all ranks
             sys.stderr.write(interrupted_line(cfg) + "\n")
             sys.stderr.flush()
         else:
@@ -130,20 +130,22 @@ def worker(cfg, reader=None):
 
 
 def interrupted_line(cfg):
-    if cfg.evaluate:
-        return "interrupted: the evaluation stopped; nothing in '{}' was changed but its summary".format(cfg.output_dir)
-    return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(cfg.output_dir)
+    if cfg.run.evaluate:
+        return "interrupted: the evaluation stopped; nothing in '{}' was changed but its summary".format(
+            cfg.run.output_dir)
+    return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(cfg.run.output_dir)
 
 
 def out_of_memory_line(cfg, device):
     """The one line for a run that ran out of device (or host) memory: where, at which batch, what to change."""
-    per_device = cfg.batch_size // max(1, cfg.world_size)
-    fixes = ["lower -b (now {} global{})".format(cfg.batch_size, ", {} per device".format(per_device)
-                                                  if cfg.world_size > 1 else "")]
-    if not cfg.amp and device.resolve_amp_dtype("auto")[0] is not None:
+    per_device = cfg.run.batch_size // max(1, cfg.launch.world_size)
+    fixes = ["lower -b (now {} global{})".format(cfg.run.batch_size, ", {} per device".format(per_device)
+                                                  if cfg.launch.world_size > 1 else "")]
+    if not cfg.precision.amp and device.resolve_amp_dtype("auto")[0] is not None:
         fixes.append("add --amp (half-size activations)")
     return ("out of memory on {} at {} images per device ({}, {} px): {}; the checkpoints are those of the last "
-            "finished epoch".format(device.name, per_device, cfg.arch, cfg.train_crop_size, ", or ".join(fixes)))
+            "finished epoch".format(device.name, per_device, cfg.model.arch, cfg.data.train_crop_size,
+                                    ", or ".join(fixes)))
 
 
 def _finish(rs, status, error, **fields):
@@ -187,99 +189,102 @@ class Job:
 
 def build(cfg, device, dist, log, rs, reader):
     world = dist.world_size
-    batch_per_rank = cfg.batch_size // world
-    procs = max(1, cfg.procs_per_node)
-    if cfg.dummy:
+    batch_per_rank = cfg.run.batch_size // world
+    procs = max(1, cfg.launch.procs_per_node)
+    if cfg.data.dummy:
         workers = 0  # batches made once on the device
-    elif cfg.workers is None:
+    elif cfg.data.workers is None:
         workers = devmod.default_workers(device.kind, procs)
     else:
-        workers = int(math.ceil(cfg.workers / float(procs)))
-    resume_path = checkpoint.resolve_resume(cfg.resume, cfg.output_dir)
+        workers = int(math.ceil(cfg.data.workers / float(procs)))
+    resume_path = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir)
     resume = None
-    if resume_path is not None and not cfg.evaluate:
-        resume = checkpoint.read_training(resume_path, cfg.arch, reader)
-    elif cfg.resume == "auto" and not cfg.evaluate:
-        log("=> no checkpoint in '{}' to resume: starting a new run".format(cfg.output_dir))
+    if resume_path is not None and not cfg.run.evaluate:
+        resume = checkpoint.read_training(resume_path, cfg.model.arch, reader)
+    elif cfg.run.resume == "auto" and not cfg.run.evaluate:
+        log("=> no checkpoint in '{}' to resume: starting a new run".format(cfg.run.output_dir))
 
-    seed = cfg.seed
+    seed = cfg.run.seed
     if seed is None:
         seed = resume.seed if resume is not None and resume.seed is not None else secrets.randbits(31)
         seed = dist.broadcast_int(seed, device)  # every rank must shuffle alike
     device.manual_seed(seed)
 
-    train_loader, val_loader, info = data.build(cfg, device, batch_per_rank, dist.rank, world, workers, seed,
-                                                need_train=not cfg.evaluate)
-    num_classes = cfg.num_classes or info.num_classes
-    if cfg.num_classes is not None and info.classes is not None and cfg.num_classes < info.num_classes:
+    train_loader, val_loader, info = data.build(cfg.data, device, batch_per_rank, dist.rank, world, workers, seed,
+                                                need_train=not cfg.run.evaluate,
+                                                channels_last=cfg.model.channels_last,
+                                                num_classes=cfg.model.num_classes)
+    num_classes = cfg.model.num_classes or info.num_classes
+    if cfg.model.num_classes is not None and info.classes is not None and cfg.model.num_classes < info.num_classes:
         raise UsageError("--num-classes {} is below the {} class folders in the data".format(
-            cfg.num_classes, info.num_classes))
+            cfg.model.num_classes, info.num_classes))
     model = build_model(cfg, num_classes, device, world, log, reader)
-    precision = ampmod.resolve(cfg, device)
+    precision = ampmod.resolve(cfg.precision, device, world)
     log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
         "| amp {} | data {} ({} classes, {} train / {} val images, {} backend, {} workers per process)".format(
-            cfg.arch, device.name, world, batch_per_rank, cfg.batch_size, cfg.lr, cfg.lr_schedule,
-            cfg.warmup_epochs, _amp_label(precision), info.layout, num_classes, info.train_images,
+            cfg.model.arch, device.name, world, batch_per_rank, cfg.run.batch_size, cfg.optim.lr, cfg.optim.lr_schedule,
+            cfg.optim.warmup_epochs, _amp_label(precision), info.layout, num_classes, info.train_images,
             info.val_images, info.backend, workers), all_ranks=True)
     if info.note:
         log("note: " + info.note)
     parts = dict(cfg=cfg, device=device, dist=dist, log=log, rs=rs, info=info, num_classes=num_classes,
                  batch_per_rank=batch_per_rank, workers=workers, seed=seed, precision=precision,
                  train_loader=train_loader, val_loader=val_loader,
-                 normalizer=data.Normalizer(device, cfg.channels_last), resume_path=resume_path)
-    if cfg.evaluate:
+                 normalizer=data.Normalizer(device, cfg.model.channels_last), resume_path=resume_path)
+    if cfg.run.evaluate:
         sd = checkpoint.state_dict_of(reader.read(resume_path), resume_path) if resume_path is not None else None
         return Job(model=model, model_for_eval=model, eval_state_dict=sd, **parts)
 
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing).to(device.torch_device)
-    model, step = ampmod.build_step(precision, device, model, cfg.lr, cfg.momentum, cfg.weight_decay,
-                                    optimizer=cfg.optimizer)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing).to(device.torch_device)
+    model, step = ampmod.build_step(precision, device, model, cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay,
+                                    optimizer=cfg.optim.optimizer)
     for note in cfg.notes + tuple(step.notes):
         log("note: " + note)
-    start_epoch, best_acc1 = cfg.start_epoch, None
-    folders.check_same_epoch(dist, device, resume.epoch if resume is not None else cfg.start_epoch,
+    start_epoch, best_acc1 = cfg.run.start_epoch, None
+    folders.check_same_epoch(dist, device, resume.epoch if resume is not None else cfg.run.start_epoch,
                              "'{}'".format(resume_path) if resume is not None else "no checkpoint in '{}'".format(
-                                 cfg.output_dir), (cfg.local_rank or 0) == 0)
+                                 cfg.run.output_dir), (cfg.launch.local_rank or 0) == 0)
     if resume is not None:
-        if resume.epoch >= cfg.epochs:
+        if resume.epoch >= cfg.run.epochs:
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
-                             "--epochs to continue)".format(resume_path, resume.epoch, cfg.epochs))
+                             "--epochs to continue)".format(resume_path, resume.epoch, cfg.run.epochs))
         start_epoch, best_acc1 = _restore(cfg, resume, model, step, device, log)
     model_for_eval = model
     if dist.active and not precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
-        model = device.ddp(model, cfg.broadcast_buffers)
+        model = device.ddp(model, cfg.launch.broadcast_buffers)
     steps = len(train_loader)
-    if cfg.max_steps_per_epoch:
-        steps = min(steps, cfg.max_steps_per_epoch)
-    schedule = Schedule(cfg.lr, cfg.lr_schedule, cfg.epochs, cfg.warmup_epochs, steps)
+    if cfg.run.max_steps_per_epoch:
+        steps = min(steps, cfg.run.max_steps_per_epoch)
+    schedule = Schedule(cfg.optim.lr, cfg.optim.lr_schedule, cfg.run.epochs, cfg.optim.warmup_epochs, steps)
     profiler = None
-    if cfg.profile_steps is not None:
+    if cfg.run.profile_steps is not None:
         from trainer.profiling import StepProfiler
-        profiler = StepProfiler(cfg.profile_steps, cfg.profile_stop, device, cfg.output_dir, dist.rank, log)
+        profiler = StepProfiler(cfg.run.profile_steps, cfg.run.profile_stop, device, cfg.run.output_dir, dist.rank, log)
     return Job(model=model, model_for_eval=model_for_eval, criterion=criterion, step=step, start_epoch=start_epoch,
                best_acc1=best_acc1, steps=steps, schedule=schedule, profiler=profiler,
-               saver=checkpoint.CheckpointSaver(cfg.output_dir), **parts)
+               saver=checkpoint.CheckpointSaver(cfg.run.output_dir), **parts)
 
 
 def build_model(cfg, num_classes, device, world, log=None, reader=None):
     """The model on ``device``: built, its --pretrained weights loaded (a note about them goes to ``log``),
     SyncBatchNorm where asked, channels-last where chosen."""
-    kwargs = {"zero_init_residual": True} if cfg.zero_init_residual else {}
+    kwargs = {"zero_init_residual": True} if cfg.model.zero_init_residual else {}
     try:
-        model = models.get_model(cfg.model, num_classes=num_classes, **kwargs)
+        model = models.get_model(cfg.model.name, num_classes=num_classes, **kwargs)
     except TypeError as exc:
         raise UsageError("--arch {} does not take this option ({}); --zero-init-residual is for ResNets".format(
-            cfg.arch, str(exc).splitlines()[0]))
-    if cfg.pretrained is not None:
-        note = checkpoint.load_weights_into(model, cfg.pretrained, published=cfg.pretrained_published, reader=reader)
+            cfg.model.arch, str(exc).splitlines()[0]))
+    if cfg.model.pretrained is not None:
+        note = checkpoint.load_weights_into(model, cfg.model.pretrained, published=cfg.model.pretrained_published,
+                                            reader=reader)
         if note and log is not None:
             log("note: " + note)
     if hasattr(model, "set_index_dtype"):
         model.set_index_dtype(device.index_dtype)
-    if cfg.sync_bn and world > 1:
+    if cfg.model.sync_bn and world > 1:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device.torch_device)
-    if cfg.channels_last:
+    if cfg.model.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
 
@@ -295,10 +300,10 @@ def recorder(job):
     cfg = job.cfg
     if not job.dist.is_main:
         return observe.Silent()
-    mode, note = observe.progress_mode(cfg.progress)
+    mode, note = observe.progress_mode(cfg.run.progress)
     if note:
         job.log("note: " + note)
-    return observe.Recorder(cfg.output_dir, cfg.tensorboard_dir, mode == "bar", job.start_epoch, job.steps,
+    return observe.Recorder(cfg.run.output_dir, cfg.run.tensorboard_dir, mode == "bar", job.start_epoch, job.steps,
                             cfg.as_dict(), job.log)
 
 
@@ -319,12 +324,12 @@ def _train(job, rec):
     _record(job, totals, epochs_completed=job.start_epoch, best_acc1=best_acc1, **job.saver.existing())
     if rs is not None:
         rs.started = True
-    for epoch in range(job.start_epoch, cfg.epochs):
+    for epoch in range(job.start_epoch, cfg.run.epochs):
         tr = engine.train_one_epoch(job.train_loader, epoch, job.steps)
         totals.add(tr)
         done = epoch + 1
         val = None
-        if cfg.validate and (done % cfg.eval_freq == 0 or done == cfg.epochs or engine.stop_requested):
+        if cfg.run.validate and (done % cfg.run.eval_freq == 0 or done == cfg.run.epochs or engine.stop_requested):
             val = last_val = engine.validate(job.val_loader, job.model_for_eval)
         is_best = val is not None and (best_acc1 is None or val.acc1 > best_acc1)
         if is_best:
@@ -353,7 +358,7 @@ def _train(job, rec):
                 "val_acc1": val.acc1 if val else None, "val_acc5": val.acc5 if val else None,
                 "lr": job.schedule(epoch, tr.steps - 1), "images_per_second": tr.fps,
                 "data_wait_fraction": tr.data_wait_seconds / tr.seconds if tr.seconds else None,
-                "overflow_steps": overflow, "seconds": tr.seconds, "arch": cfg.arch, "device": job.device.name,
+                "overflow_steps": overflow, "seconds": tr.seconds, "arch": cfg.model.arch, "device": job.device.name,
                 "world_size": dist.world_size, "amp": _amp_label(job.precision)})
         dist.barrier()
         if engine.stop_requested:
@@ -369,7 +374,8 @@ def _train(job, rec):
 
 def _checkpoint_state(job, done, best_acc1):
     return job.saver.state(
-        epoch=done, arch=job.cfg.arch, model=job.cfg.model, num_classes=job.num_classes, classes=job.info.classes,
+        epoch=done, arch=job.cfg.model.arch, model=job.cfg.model.name, num_classes=job.num_classes,
+        classes=job.info.classes,
         state_dict=_unwrap(job.model_for_eval).state_dict(), best_acc1=best_acc1,
         lr_schedule=job.schedule.state_dict(), rng=checkpoint.rng_states(job.device), seed=job.seed,
         config=job.cfg.as_dict(), step_entries=job.step.checkpoint_entries())
@@ -413,9 +419,9 @@ def evaluate(job):
             model.load_state_dict(sd)
         except RuntimeError as exc:
             raise UsageError("'{}' does not fit --arch {} with {} classes ({})".format(
-                job.resume_path, cfg.arch, model_num_classes(model), str(exc).splitlines()[0][:160]))
+                job.resume_path, cfg.model.arch, model_num_classes(model), str(exc).splitlines()[0][:160]))
         log("=> evaluating '{}'".format(job.resume_path))
-    elif cfg.pretrained is None:
+    elif cfg.model.pretrained is None:
         log("warning: --evaluate without --resume or --pretrained evaluates randomly initialised weights")
     engine = Engine(model, None, None, job.precision, job.device, job.dist, job.normalizer, None, cfg, log)
     if rs is not None:
@@ -450,12 +456,13 @@ def _restore(cfg, resume, model, step, device, log):
     step.restore(resume.entries, log)
     checkpoint.restore_rng(resume.rng, device)
     saved = resume.lr_schedule
-    mine = {"lr": cfg.lr, "kind": cfg.lr_schedule, "epochs": cfg.epochs, "warmup_epochs": cfg.warmup_epochs}
+    mine = {"lr": cfg.optim.lr, "kind": cfg.optim.lr_schedule, "epochs": cfg.run.epochs,
+            "warmup_epochs": cfg.optim.warmup_epochs}
     diffs = ["{} {} (checkpoint {})".format(k, mine[k], saved[k]) for k in mine if k in saved and saved[k] != mine[k]]
     if diffs:
         log("note: the command line wins over the checkpoint's schedule: " + ", ".join(diffs))
-    if cfg.start_epoch:
+    if cfg.run.start_epoch:
         log("note: --start-epoch {} ignored: resuming at epoch {} from the checkpoint".format(
-            cfg.start_epoch, resume.epoch))
+            cfg.run.start_epoch, resume.epoch))
     log("=> resumed '{}' at epoch {} (best Acc@1 {})".format(resume.path, resume.epoch, resume.best_acc1))
     return resume.epoch, resume.best_acc1

@@ -19,18 +19,18 @@ class RunSummary:
         self.t0 = time.time()
         self.started = False  # until the run starts, a failure leaves an existing summary alone
         self.data = {
-            "status": "running", "error": None, "arch": cfg.arch, "model": cfg.model, "device": None,
-            "world_size": cfg.world_size, "global_batch_size": cfg.batch_size,
-            "per_device_batch_size": None, "lr": cfg.lr, "epochs": cfg.epochs,
+            "status": "running", "error": None, "arch": cfg.model.arch, "model": cfg.model.name, "device": None,
+            "world_size": cfg.launch.world_size, "global_batch_size": cfg.run.batch_size,
+            "per_device_batch_size": None, "lr": cfg.optim.lr, "epochs": cfg.run.epochs,
             "epochs_completed": 0, "steps_per_epoch": None, "train_fps": None,
             "train_step_time_ms": None, "data_time_fraction": None,
             "train_acc1": None, "final_loss": None, "best_acc1": None, "final_acc1": None,
             "final_acc5": None, "val_images": None, "val_loss": None, "e2e_seconds": None,
-            "amp": None, "channels_last": cfg.channels_last, "data_backend": None, "data_fallback_images": None,
+            "amp": None, "channels_last": cfg.model.channels_last, "data_backend": None, "data_fallback_images": None,
             "data_workers": None,
             "optimizer": None,
             "checkpoint": None, "best_checkpoint": None, "data_layout": None,
-            "train_images": None, "num_classes": None, "recipe": cfg.recipe,
+            "train_images": None, "num_classes": None, "recipe": cfg.run.recipe,
             "versions": devmod.versions(), "config": cfg.as_dict(),
         }
 

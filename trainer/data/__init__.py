@@ -62,13 +62,14 @@ def resolve_backend(requested, device):
 
 
 
-def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_train=True):
-    """(train_loader or None, val_loader, DataInfo) from the run's config (its data fields: data, dummy,
-    data_backend, the crop sizes, channels_last, num_classes for --dummy)."""
-    if cfg.dummy:
-        return build_dummy(cfg, device, batch_per_rank, rank, world_size, need_train)
-    backend, decode, note = resolve_backend(getattr(cfg, "data_backend", HOST_DECODE), device)
-    root = cfg.data
+def build(section, device, batch_per_rank, rank, world_size, workers, seed, need_train=True, channels_last=False,
+          num_classes=None):
+    """(train_loader or None, val_loader, DataInfo) from the config's data section (a config.DataConfig); batches
+    stacked channels-last where the model is; ``num_classes`` sizes --dummy's targets (1000 when None)."""
+    if section.dummy:
+        return build_dummy(section, device, batch_per_rank, rank, world_size, need_train, num_classes or 1000)
+    backend, decode, note = resolve_backend(section.data_backend, device)
+    root = section.root
     check_data_root(root, need_train=need_train)
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     classes = find_classes(train_dir if os.path.isdir(train_dir) else val_dir)
@@ -82,9 +83,9 @@ def build(cfg, device, batch_per_rank, rank, world_size, workers, seed, need_tra
                             "(drop_last keeps shapes fixed); lower --batch-size".format(
                                 len(train_samples), batch_per_rank, world_size))
     spec = LoaderSpec(batch_per_rank=batch_per_rank, rank=rank, world_size=world_size, workers=workers, seed=seed,
-                      train_crop_size=cfg.train_crop_size, crop_scale_min=cfg.crop_scale_min,
-                      val_resize_size=cfg.val_resize_size, val_crop_size=cfg.val_crop_size,
-                      channels_last=bool(getattr(cfg, "channels_last", False)), decode=decode)
+                      train_crop_size=section.train_crop_size, crop_scale_min=section.crop_scale_min,
+                      val_resize_size=section.val_resize_size, val_crop_size=section.val_crop_size,
+                      channels_last=bool(channels_last), decode=decode)
     train_loader, val_loader = BACKENDS[backend](spec, device, train_samples, val_samples)
     info = DataInfo(len(classes), classes, len(train_samples or ()), len(val_samples), layout, backend, note)
     return train_loader, val_loader, info

@@ -39,18 +39,18 @@ class SyntheticLoader:
                 yield self.images, self.target, mask
 
 
-def build_dummy(cfg, device, batch_per_rank, rank, world_size, need_train):
-    num_classes = cfg.num_classes or 1000
+def build_dummy(section, device, batch_per_rank, rank, world_size, need_train, num_classes=1000):
+    """--dummy's loaders: ``section`` is the config's data section (its crop sizes)."""
     train_steps = DUMMY_TRAIN_IMAGES // (batch_per_rank * world_size)
     train = None
     if need_train:
-        train = SyntheticLoader(device, batch_per_rank, train_steps, cfg.train_crop_size, num_classes)
+        train = SyntheticLoader(device, batch_per_rank, train_steps, section.train_crop_size, num_classes)
     n_pad = padded_length(DUMMY_VAL_IMAGES, batch_per_rank, world_size)
     steps = n_pad // (batch_per_rank * world_size)
     # Shard DUMMY_VAL_IMAGES over ranks the way ShardSampler does: rank r owns the
     # indices r, r + world, ...; only its last batch can hold padding.
     owned = len(range(rank, DUMMY_VAL_IMAGES, world_size))
     last_valid = owned - (steps - 1) * batch_per_rank
-    val = SyntheticLoader(device, batch_per_rank, steps, cfg.val_crop_size, num_classes,
+    val = SyntheticLoader(device, batch_per_rank, steps, section.val_crop_size, num_classes,
                           with_mask=True, valid=max(0, min(batch_per_rank, last_valid)))
     return train, val, DataInfo(num_classes, None, DUMMY_TRAIN_IMAGES, DUMMY_VAL_IMAGES, "synthetic")
