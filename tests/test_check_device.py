@@ -117,23 +117,24 @@ def test_train_fp16_is_a_skip_row_with_its_reason_where_the_torch_cannot_run_it(
     assert "0 of 1 checks passed (1 skipped" in proc.stdout
 
 
-def test_device_backend_choices_reach_the_device_backends_loader_spec_and_are_undone():
-    """A main.py run in the battery's process takes the device backend's choices through LoaderSpec (its entry
-    of data.BACKENDS for the block), with no device class changed, and leaves the entry as it was."""
-    from tools._battery import device_backend_choices
+def test_the_data_sections_device_backend_choices_reach_its_loader_spec(tmp_path):
+    """check_device's --decode-ahead and its batched crops reach a main.py run in its process through the config's
+    data section (DataConfig.decode_ahead / batched_crops -> LoaderSpec), with no device class or table changed."""
+    from tools.make_dataset import generate
     from trainer import data
+    from trainer.config import DataConfig
     from trainer.device import Device
     from trainer.device_names import DEVICE_DECODE
+    root, cpu = generate(str(tmp_path / "d"), classes=2, train_per_class=2, val_per_class=1, size=32, seed=0), \
+        Device.create("cpu")
     real, seen = data.BACKENDS[DEVICE_DECODE], []
     data.BACKENDS[DEVICE_DECODE] = lambda spec, device, train, val: seen.append(spec) or (None, None)
-    spy = data.BACKENDS[DEVICE_DECODE]
     try:
-        with device_backend_choices(decode_ahead=False, batched_crops=True):
-            data.BACKENDS[DEVICE_DECODE](data.LoaderSpec(batch_per_rank=4), None, [], [])
-        assert data.BACKENDS[DEVICE_DECODE] is spy
-        with device_backend_choices():
-            assert data.BACKENDS[DEVICE_DECODE] is spy
+        data.build(DataConfig(root=root, data_backend="gpu", decode_ahead=False, batched_crops=True), cpu, 2, 0, 1, 0,
+                   seed=0)
+        data.build(DataConfig(root=root, data_backend="gpu"), cpu, 2, 0, 1, 0, seed=0)
     finally:
         data.BACKENDS[DEVICE_DECODE] = real
-    assert (seen[0].decode_ahead, seen[0].batched_crops, seen[0].batch_per_rank) == (False, True, 4)
+    assert (seen[0].decode_ahead, seen[0].batched_crops, seen[0].batch_per_rank) == (False, True, 2)
+    assert (seen[1].decode_ahead, seen[1].batched_crops) == (None, None)
     assert Device.decode_ahead is False and Device.crops_per_image is False

@@ -3,7 +3,6 @@ process with the device data backend's choices, the overflow contract of one opt
 training loop the FPS checks measure against, the backends check's verdict, and output helpers."""
 import contextlib
 import copy
-import dataclasses
 import json
 import os
 import re
@@ -11,7 +10,6 @@ import time
 
 import torch
 
-from trainer.device_names import DEVICE_DECODE
 
 
 def epoch_losses(text):
@@ -20,27 +18,6 @@ def epoch_losses(text):
     for m in re.finditer(r"^Epoch: \[(\d+)\]\[\s*\d+/\d+\].*?Loss \S+ \((\S+)\)", text, re.M):
         last[int(m.group(1))] = float(m.group(2))
     return [last[k] for k in sorted(last)]
-
-
-@contextlib.contextmanager
-def device_backend_choices(decode_ahead=None, batched_crops=None):
-    """Inside the block, the device data backend (``--data-backend gpu``: its entry of ``trainer.data.BACKENDS``)
-    builds its loaders with these ``LoaderSpec`` choices: ``decode_ahead`` (the next batch prepared in a thread
-    beside the step) and ``batched_crops`` (one roi_align call per batch); None leaves one to the device. For a
-    whole main.py run in this process, whose loaders ``data.build`` makes from its config."""
-    from trainer import data
-    choices = {k: v for k, v in (("decode_ahead", decode_ahead), ("batched_crops", batched_crops)) if v is not None}
-    real = data.BACKENDS[DEVICE_DECODE]
-
-    def loaders(spec, device, train_samples, val_samples):
-        return real(dataclasses.replace(spec, **choices), device, train_samples, val_samples)
-
-    if choices:
-        data.BACKENDS[DEVICE_DECODE] = loaders
-    try:
-        yield
-    finally:
-        data.BACKENDS[DEVICE_DECODE] = real
 
 
 def train_in_process(out, args, batched=True, decode_ahead=None):
@@ -53,9 +30,9 @@ def train_in_process(out, args, batched=True, decode_ahead=None):
     from trainer.config import parse_config
     cfg, _ = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
     cfg = run.preflight(cfg)
+    cfg = cfg.replace(data=cfg.data.replace(decode_ahead=decode_ahead, batched_crops=True if batched else None))
     with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        with device_backend_choices(decode_ahead=decode_ahead, batched_crops=True if batched else None):
-            code = run.worker(cfg)
+        code = run.worker(cfg)
     with open(out + ".log") as f:
         text = f.read()
     s = {}

@@ -36,6 +36,9 @@ class DataConfig(_Section):
     val_resize_size: int = 256
     val_crop_size: int = 224
     data_backend: str = "auto"  # auto | cpu | gpu
+    # the device backend's ways of working (data.LoaderSpec); None: the device's choice. No flags: set by tools
+    decode_ahead: Optional[bool] = None
+    batched_crops: Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +137,7 @@ FLAT_ORDER = """
     channels_last data_backend num_classes output_dir eval_freq validate max_steps_per_epoch fps_warmup_steps
     zero_init_residual recipe profile_steps profile_stop progress tensorboard_dir launch world_size rank nodes
     node_rank procs_per_node dist_url dist_backend multiprocessing_distributed device_list addr port local_rank
-    sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published
+    sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
 """.split()
 
 

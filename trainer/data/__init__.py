@@ -85,7 +85,8 @@ def build(section, device, batch_per_rank, rank, world_size, workers, seed, need
     spec = LoaderSpec(batch_per_rank=batch_per_rank, rank=rank, world_size=world_size, workers=workers, seed=seed,
                       train_crop_size=section.train_crop_size, crop_scale_min=section.crop_scale_min,
                       val_resize_size=section.val_resize_size, val_crop_size=section.val_crop_size,
-                      channels_last=bool(channels_last), decode=decode)
+                      channels_last=bool(channels_last), decode=decode, decode_ahead=section.decode_ahead,
+                      batched_crops=section.batched_crops)
     train_loader, val_loader = BACKENDS[backend](spec, device, train_samples, val_samples)
     info = DataInfo(len(classes), classes, len(train_samples or ()), len(val_samples), layout, backend, note)
     return train_loader, val_loader, info
