@@ -5,19 +5,15 @@ argparse namespace after ``parse_config`` returns. pytorch/examples' flags keep 
 names and meanings; the additions are documented in ``--help`` and README.md.
 A recipe (``--recipe NAME``) supplies defaults; flags given on the command line win.
 """
-import argparse
 import dataclasses
 import os
-import re
 from typing import Optional, Tuple
 
-from trainer.device_names import DATA_BACKENDS, KIND_ALIASES, KINDS, canonical_kind
-from trainer.cli import HelpFormatter, UsageParser, number, parse_loss_scale  # noqa: F401 (re-exported)
+from trainer.device_names import canonical_kind
 from trainer.errors import UsageError
-from trainer.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
-
-DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
-OPT_LEVELS = ("O1", "O2")
+from trainer.flags import (DEVICES, OPT_LEVELS, PUBLISHED, _explicit_dests, _normalise_device_list,  # noqa: F401
+                           build_parser, parse_device_list, parse_profile_steps)  # (re-exported)
+from trainer.optim import DEFAULT_OPTIMIZER
 
 
 class _Section:
@@ -193,207 +189,6 @@ class Config:
         return out
 
 
-def parse_device_list(text):
-    """``0-7``, ``0,1,2,3``, ``0-3,6`` -> (0, 1, ...); duplicates and bad ranges rejected."""
-    ids = []
-    for part in str(text).split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        if not m:
-            raise argparse.ArgumentTypeError(
-                "--device-list: '{}' is not a device id or range (use e.g. 0-7, 0,1,2,3 or 0-3,6)".format(part))
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo:
-            raise argparse.ArgumentTypeError(
-                "--device-list: range '{}' runs backwards (write {}-{})".format(part, hi, lo))
-        ids.extend(range(lo, hi + 1))
-    twice = [i for n, i in enumerate(ids) if i in ids[:n]]
-    if twice:
-        raise argparse.ArgumentTypeError("--device-list '{}' names device {} twice".format(text, twice[0]))
-    return tuple(ids)
-
-
-def parse_profile_steps(text):
-    m = re.fullmatch(r"(\d+):(\d+)", str(text).strip())
-    if not m or int(m.group(2)) <= int(m.group(1)):
-        raise argparse.ArgumentTypeError(
-            "--profile-steps must be START:END with END > START (global step numbers), got '{}'".format(text))
-    return (int(m.group(1)), int(m.group(2)))
-
-
-def build_parser():
-    p = UsageParser(
-        prog="main.py",
-        description="ImageNet-style training and evaluation on Ascend NPU, CUDA or CPU "
-                    "(a port of pytorch/examples' imagenet/main.py).",
-        formatter_class=HelpFormatter,
-        epilog="Exit codes: 0 the model trained (summary.json status ok); 1 a crash (failed); 2 a user error "
-               "(one line on stderr); 4 the run diverged (status diverged: a non-finite training loss, more than "
-               "50 consecutive float16 steps skipped for inf/NaN gradients, or non-finite weights; the last good "
-               "checkpoints are kept; see docs/PRECISION.md); 130 interrupted.",
-    )
-    from trainer import recipes  # local import: recipes reads a data file
-
-    g = p.add_argument_group("pytorch/examples flags")
-    g.add_argument("data", nargs="?", default=None, metavar="DIR",
-                   help="data set: an ImageNet-style folder with train/ and val/ (or tiny-imagenet-200)")
-    g.add_argument("--data", dest="data_opt", default=None, metavar="DIR", help="same as DIR")
-    g.add_argument("-a", "--arch", default="resnet50", metavar="ARCH",
-                   help="model architecture (see --list-models); shufflenet_v2_x* builds this project's "
-                        "numerically identical, faster shufflenet_v2_x*_npu unless --model-impl torchvision")
-    g.add_argument("-j", "--workers", type=number(int, 0), default=None,
-                   help="data loading workers per node, shared among its processes (each gets "
-                        "ceil(j / processes per node)); default: from each process's share of the CPU cores, "
-                        "up to 16 per process on an accelerator, 4 on a CPU")
-    g.add_argument("--epochs", type=number(int, 1), default=90, help="total epochs to run")
-    g.add_argument("--start-epoch", type=number(int, 0), default=0,
-                   help="manual epoch number to start from (useful on restarts; --resume overrides it)")
-    g.add_argument("-b", "--batch-size", type=number(int, 1), default=256,
-                   help="GLOBAL batch size: divided evenly over all processes")
-    g.add_argument("--lr", "--learning-rate", dest="lr", type=number(float, 0.0), default=0.1,
-                   help="peak learning rate, used as given (pass it already scaled for the global batch)")
-    g.add_argument("--momentum", type=number(float, 0.0), default=0.9)
-    g.add_argument("--wd", "--weight-decay", dest="weight_decay", type=number(float, 0.0), default=1e-4)
-    g.add_argument("-p", "--print-freq", type=number(int, 1), default=10,
-                   help="print every N steps")
-    g.add_argument("--resume", default=None, metavar="PATH",
-                   help="checkpoint to continue from, or 'auto' for the newest one in --output-dir")
-    g.add_argument("-e", "--evaluate", action="store_true", help="evaluate the model on val/ and stop")
-    g.add_argument("--pretrained", nargs="?", const=PUBLISHED, default=None, metavar="FILE",
-                   help="initial weights: alone, torchvision's published ImageNet weights for -a (from torchvision's "
-                        "cache under TORCH_HOME, downloaded there when missing; a different --num-classes keeps the "
-                        "backbone and starts a new classifier); with FILE, a local state dict or checkpoint file")
-    g.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
-    g.add_argument("--gpu", type=number(int, 0), default=None,
-                   help="device index for a single-process run (any device kind)")
-    g.add_argument("--dummy", action="store_true",
-                   help="synthetic batches made on the device (no decoding): for FPS runs")
-
-    d = p.add_argument_group("device and precision")
-    d.add_argument("--device", choices=DEVICES, default="auto",
-                   help="auto: npu if torch_npu sees one, else cuda, else cpu; gpu is cuda")
-    d.add_argument("--model-impl", choices=("auto", "torchvision"), default="auto",
-                   help="auto: this project's variant of --arch where one exists (shufflenet_v2_x*_npu: "
-                        "same weights and outputs, faster); torchvision: torchvision's own network")
-    d.add_argument("--amp", action="store_true",
-                   help="mixed precision in --amp-dtype; float16 steps with inf/NaN gradients are skipped")
-    d.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
-                   help="auto: bfloat16 (no loss scaling) on GPUs with native bfloat16, float16 + loss scaler "
-                        "on older GPUs and on NPU, bfloat16 on CPUs with native bfloat16 and float32 on other "
-                        "CPUs (where bfloat16 is many times slower), with a note")
-    d.add_argument("--amp-impl", choices=("auto", "native", "apex"), default="auto",
-                   help="auto: Ascend apex.amp on NPU where it is installed (the Ascend guide's way), native "
-                        "autocast + GradScaler otherwise; native; apex (NVIDIA or Ascend apex.amp)")
-    d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
-                   help="apex opt level, O1 or O2 (apex only)")
-    d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,
-                   default=None, metavar="N|dynamic|-1",
-                   help="float16 loss scale: a number is held fixed (steps with inf/NaN gradients are still "
-                        "skipped), dynamic (or -1, as in the Ascend guides) adapts it; default dynamic, except "
-                        "apex on NPU: 1024 (the Ascend guide's default)")
-    d.add_argument("--combine-ddp", action="store_true",
-                   help="Ascend apex: all-reduce combined gradients inside apex (amp.initialize(combine_ddp="
-                        "True)) instead of torch's DistributedDataParallel")
-    d.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
-                   help="NHWC memory format (default: on for CPU, where it is faster; off for NPU and CUDA)")
-    d.add_argument("--no-channels-last", dest="channels_last", action="store_false", help="NCHW memory format")
-    d.add_argument("--data-backend", choices=DATA_BACKENDS, default="auto",
-                   help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode "
-                        "decode), gpu (workers read bytes; whole batches are decoded and cropped on the device: "
-                        "nvJPEG on CUDA, DVPP via torchvision_npu on NPU); auto: cpu, the faster of the two as "
-                        "measured (docs/BENCHMARKS.md)")
-
-    t = p.add_argument_group("recipe")
-    t.add_argument("--recipe", default=None, metavar="NAME",
-                   help="defaults from a published recipe, adapted to the process count (batch per device "
-                        "kept, lr linear in the batch): " + ", ".join(recipes.names()))
-    t.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
-                   help="sgd: SGD with momentum (the device's fused kernel where it has one); lars: SGD momentum "
-                        "with a layer-wise trust ratio, for large global batches")
-    t.add_argument("--label-smoothing", type=number(float, 0.0), default=0.0)
-    t.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
-                   help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step")
-    t.add_argument("--warmup-epochs", type=number(float, 0.0), default=0.0,
-                   help="linear LR warm-up, in epochs (fractions allowed)")
-    t.add_argument("--train-crop-size", type=number(int, 1), default=224)
-    t.add_argument("--crop-scale-min", type=number(float, 0.0), default=0.08,
-                   help="smallest area fraction RandomResizedCrop takes (torchvision: 0.08)")
-    t.add_argument("--val-resize-size", type=number(int, 1), default=256)
-    t.add_argument("--val-crop-size", type=number(int, 1), default=224)
-    t.add_argument("--num-classes", type=number(int, 1), default=None,
-                   help="classifier outputs (default: the number of class folders; 1000 with --dummy)")
-    t.add_argument("--zero-init-residual", action="store_true",
-                   help="ResNet: zero the last BN gamma of each residual block")
-
-    o = p.add_argument_group("run control and outputs")
-    o.add_argument("--output-dir", default=".", metavar="DIR",
-                   help="checkpoints and summary.json go here")
-    o.add_argument("--eval-freq", type=number(int, 1), default=1,
-                   help="validate every N epochs (and always after the last)")
-    o.add_argument("--no-validate", dest="validate", action="store_false",
-                   help="skip validation (performance runs); no Acc@1, no model_best")
-    o.add_argument("--max-steps-per-epoch", type=number(int, 1), default=None,
-                   help="cap the training steps per epoch (performance runs)")
-    o.add_argument("--fps-warmup-steps", type=number(int, 0), default=5,
-                   help="steps at the start of each epoch left out of the FPS figure")
-    o.add_argument("--profile-steps", type=parse_profile_steps, default=None, metavar="START:END",
-                   help="record global steps START..END-1 with the profiler into --output-dir")
-    o.add_argument("--profile-stop", action="store_true",
-                   help="stop the run after the profiled steps")
-    o.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
-                   help="auto: a live bar per epoch (tqdm) when stdout is a terminal, pytorch/examples' lines "
-                        "otherwise")
-    o.add_argument("--tensorboard-dir", default=None, metavar="DIR",
-                   help="TensorBoard event files (default: --output-dir/tensorboard)")
-    o.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
-                   help="write no TensorBoard event files")
-    o.add_argument("--list-models", action="store_true", help="print the model names and exit")
-
-    m = p.add_argument_group("distributed")
-    m.add_argument("--world-size", type=int, default=-1,
-                   help="number of nodes (with --multiprocessing-distributed) or of processes")
-    m.add_argument("--rank", type=int, default=-1,
-                   help="node rank (with --multiprocessing-distributed) or process rank")
-    m.add_argument("--dist-url", default=None, help="tcp://HOST:PORT or env:// (default: env:// from --addr/--port)")
-    m.add_argument("--dist-backend", "--dist_backend", dest="dist_backend", default=None,
-                   help="process-group backend (default: hccl on NPU, nccl on CUDA, gloo on CPU)")
-    m.add_argument("--multiprocessing-distributed", action="store_true",
-                   help="spawn one process per device of --device-list on this node")
-    m.add_argument("--device-list", "--device_list", dest="device_list", type=parse_device_list,
-                   default=None, metavar="IDS", help="devices to use: 0-7, 0,1,2,3 or 0-3,6 (default: all visible)")
-    m.add_argument("--addr", default=None, help="master address (MASTER_ADDR)")
-    m.add_argument("--port", type=int, default=None, help="master port (MASTER_PORT); 0 picks a free one")
-    m.add_argument("--local-rank", "--local_rank", dest="local_rank", type=int, default=None,
-                   help="set by torch.distributed.launch; torchrun sets LOCAL_RANK instead")
-    m.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm across processes")
-    m.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
-                   help="DDP: do not broadcast BN buffers from rank 0 each step")
-    m.add_argument("--dist-timeout", type=number(int, 1), default=1800,
-                   help="seconds a collective may wait before the job fails")
-    return p
-
-
-_UNSET = object()
-
-
-def _explicit_dests(argv):
-    """Destinations the user set on the command line (so recipes never override them)."""
-    probe = build_parser()
-    probe.set_defaults(**{a.dest: _UNSET for a in probe._actions if a.dest != "help"})
-    return {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
-
-
-def _normalise_device_list(ids):
-    """The Ascend guide maps process i to the i-th smallest device id (its device_id_to_process_device_map
-    sorts the list): the same order here, on every device kind. Returns (ids, note or None)."""
-    if ids is None or list(ids) == sorted(ids):
-        return ids, None
-    ordered = tuple(sorted(ids))
-    return ordered, "--device-list {} taken in ascending order {}: process i uses the i-th smallest id".format(
-        ",".join(map(str, ids)), ",".join(map(str, ordered)))
-
-
 def parse_config(argv=None, env=None):
     """Parse and validate; raise UsageError (one line) on bad input."""
     from trainer import recipes
@@ -412,9 +207,6 @@ def parse_config(argv=None, env=None):
         parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
         ns = parser.parse_args(argv)
     return validate(ns, env, tuple(notes), explicit), ns
-
-
-PUBLISHED = "\0published"  # --pretrained given without FILE (argparse's const; no path can hold a NUL)
 
 
 def validate(ns, env, notes=(), explicit=()):
