@@ -405,8 +405,7 @@ def _fallbacks(job):
     n = sum(getattr(loader, "fallbacks", 0) for loader in (job.train_loader, job.val_loader) if loader is not None)
     if job.info.backend != devmod.DEVICE_DECODE:
         return n
-    if job.dist.world_size > 1:
-        n = int(job.dist.all_reduce_sum(job.device.move(torch.tensor([float(n)])))[0].item())
+    n = int(job.dist.sum(n, job.device))  # one collective (this rank's count alone when not distributed)
     job.fallback_total = n
     return n
 
