@@ -11,13 +11,13 @@ from trainer import cli
 
 def _main(argv):
     from trainer.config import parse_config
-    cfg, _ = parse_config(argv)
-    if cfg is None:  # --list-models
+    parsed = parse_config(argv)
+    if parsed.cfg is None:  # --list-models
         import models
         print("\n".join(models.list_models()))
         return 0
     from trainer.run import run
-    return run(cfg)
+    return run(parsed.cfg, parsed.notes, parsed.given)
 
 
 def main(argv=None):

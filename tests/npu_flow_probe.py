@@ -11,8 +11,8 @@ import torch_npu  # the fake
 from trainer import run
 from trainer.config import parse_config
 
-cfg, _ = parse_config(["--dummy", "--device", "npu", "--gpu", "5", "-a", "tiny_cnn", "--output-dir",
-                       sys.argv[1], "--epochs", "1"], env={})
+cfg = parse_config(["--dummy", "--device", "npu", "--gpu", "5", "-a", "tiny_cnn", "--output-dir",
+                       sys.argv[1], "--epochs", "1"], env={}).cfg
 torch_npu.reset_calls()
 try:
     run.worker(cfg)

@@ -67,10 +67,15 @@ obs["optimizer_with_apex"] = create_optimizer("sgd", model.parameters(), 0.1, 0.
                                              apex_amp_in_use=True).name
 
 
+def settled(*argv):
+    """(config, notes) main.py would run with on the (fake) NPU: parsed, then settled for the device."""
+    parsed = parse_config(["--dummy"] + list(argv), env={})
+    cfg, notes = ampmod.settle(parsed.cfg.replace(device="npu"), "npu", parsed.given)
+    return cfg, parsed.notes + notes
+
+
 def cfg_for(*argv):
-    """The config main.py would run with on the (fake) NPU: parsed, then settled for the device."""
-    cfg, _ = parse_config(["--dummy"] + list(argv), env={})
-    return ampmod.settle(cfg.replace(device="npu"), "npu")
+    return settled(*argv)[0]
 
 
 def train_steps(cfg, poison_at, n=4, momentum=0.0):
@@ -150,8 +155,8 @@ def apex_init(cfg):
     return {k: v for k, v in init[0][1].items() if k in INIT_KEYS} if init else None
 
 
-cfg = cfg_for("--amp", "--device", "npu")
-obs["guide_amp"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale, "notes": list(cfg.notes),
+cfg, notes = settled("--amp", "--device", "npu")
+obs["guide_amp"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale, "notes": list(notes),
                     "initialize": apex_init(cfg)}
 cfg = cfg_for("--amp", "--device", "npu", "--opt-level", "O1", "--loss-scale", "128")
 obs["guide_amp_o1"] = apex_init(cfg)
@@ -160,8 +165,8 @@ obs["guide_amp_dynamic"] = apex_init(cfg)
 cfg = cfg_for("--amp", "--device", "npu", "--combine-ddp", "--world-size", "2", "--rank", "0")
 obs["combine_ddp"] = {"precision": ampmod.resolve(cfg.precision, dev, cfg.launch.world_size).combine_ddp,
                       "initialize": apex_init(cfg)}
-cfg = cfg_for("--amp", "--amp-impl", "native", "--device", "npu", "--opt-level", "O1")
-obs["native_opt_level_notes"] = list(cfg.notes)
+cfg, notes = settled("--amp", "--amp-impl", "native", "--device", "npu", "--opt-level", "O1")
+obs["native_opt_level_notes"] = list(notes)
 try:
     cfg_for("--amp", "--amp-impl", "native", "--device", "npu", "--combine-ddp")
     obs["native_combine_ddp"] = "allowed"
@@ -178,10 +183,10 @@ devmod.apex_amp = devmod.runtime.apex_amp = real_apex_amp
 from trainer import run as runmod  # noqa: E402
 real_to = torch.nn.Module.to
 torch.nn.Module.to = lambda self, *a, **k: self  # fake NPUs hold no tensors: the rest of build_model is real
-cfg = cfg_for("-a", "shufflenet_v2_x1_0", "--device", "npu")
+cfg, notes = settled("-a", "shufflenet_v2_x1_0", "--device", "npu")
 model = runmod.build_model(cfg, 10, dev, 1)
 obs["guide_shufflenet"] = {"model": cfg.model.name, "class": type(model).__module__ + "." + type(model).__name__,
-                           "notes": list(cfg.notes),
+                           "notes": list(notes),
                            "index_dtypes": sorted({str(b.dtype) for n, b in model.named_buffers()
                                                    if "index" in n or "perm" in n})}
 cfg = cfg_for("-a", "shufflenet_v2_x1_0", "--device", "npu", "--model-impl", "torchvision")

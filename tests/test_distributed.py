@@ -234,8 +234,8 @@ def crash_on_rank_1(cfg):
 
 def test_a_spawned_ranks_traceback_reaches_the_user_once_and_the_others_stop(tmp_path, capfd):
     from trainer import config, ranks
-    cfg, _ = config.parse_config(["--dummy", "--device", "cpu", "--multiprocessing-distributed", "--device-list",
-                                  "0,1", "--port", "0", "-b", "8", "--output-dir", str(tmp_path)], env={})
+    cfg = config.parse_config(["--dummy", "--device", "cpu", "--multiprocessing-distributed", "--device-list",
+                               "0,1", "--port", "0", "-b", "8", "--output-dir", str(tmp_path)], env={}).cfg
     t0 = time.time()
     code = ranks.spawn(cfg, "cpu", crash_on_rank_1)
     err = capfd.readouterr().err

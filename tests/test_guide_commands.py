@@ -19,9 +19,19 @@ STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "
         "--device", "cpu", "--no-tensorboard"] + SMALL
 
 
+def parsed(argv, env=None):
+    return config.parse_config([str(a) for a in argv], env={} if env is None else env)
+
+
 def parse(argv, env=None):
-    cfg, _ = config.parse_config([str(a) for a in argv], env={} if env is None else env)
-    return cfg
+    return parsed(argv, env).cfg
+
+
+def preflight(argv):
+    """run.preflight of a command line: (cfg settled, every note: parsing's and preflight's)."""
+    p = parsed(argv)
+    cfg, notes = run.preflight(p.cfg, p.given)
+    return cfg, p.notes + notes
 
 
 @pytest.mark.parametrize("spelling", [["--loss-scale", "-1"], ["--loss_scale", "-1"], ["--loss-scale=-1.0"]])
@@ -45,19 +55,19 @@ def test_help_says_what_switches_do_without_default_true():
     {"RANK_SIZE": "2", "RANK_ID": "1"},
 ], ids=["torchrun", "rank_size"])
 def test_multiprocessing_distributed_under_a_launcher_is_ignored_with_a_note(env):
-    cfg = parse(["--dummy", "--multiprocessing-distributed", "-b", "8"], env)
+    cfg, notes, _ = parsed(["--dummy", "--multiprocessing-distributed", "-b", "8"], env)
     assert cfg.launch.mode == "process" and cfg.launch.world_size == 2 and cfg.launch.rank == 1
-    assert any("--multiprocessing-distributed is ignored" in n for n in cfg.notes), cfg.notes
+    assert any("--multiprocessing-distributed is ignored" in n for n in notes), notes
 
 
 def test_another_devices_backend_is_replaced_by_this_devices_own_with_a_note():
     for asked in ("hccl", "nccl"):
-        cfg = run.preflight(parse(["--dummy", "--device", "cpu", "--dist-backend", asked, "--world-size", "2",
-                                   "--rank", "0", "-b", "8"]))
+        cfg, notes = preflight(["--dummy", "--device", "cpu", "--dist-backend", asked, "--world-size", "2",
+                                "--rank", "0", "-b", "8"])
         assert cfg.launch.dist_backend == "gloo"
         assert any(n.startswith("--dist-backend {} is the".format(asked)) and n.endswith("using gloo")
-                   for n in cfg.notes), cfg.notes
-    assert run.preflight(parse(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])).launch.dist_backend == "gloo"
+                   for n in notes), notes
+    assert preflight(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])[0].launch.dist_backend == "gloo"
 
 
 @RANKS
@@ -77,6 +87,8 @@ def test_the_guides_launch_py_command_with_hccl_trains_on_cpu(tmp_path):
     assert "--dist-backend hccl is the NPU collective library" in proc.stdout
     s = read_summary(tmp_path / "o")
     assert s["status"] == "ok" and s["world_size"] == 2
+    assert any(n.startswith("--dist-backend hccl is the NPU collective library") for n in s["notes"]), s["notes"]
+    assert "notes" not in s["config"]  # the config holds settings only
 
 
 def test_a_checkpoint_holding_python_objects_is_refused_in_our_words(tmp_path):
@@ -96,8 +108,8 @@ def _npu_preflight_notes(*argvs):
     changes torch for the rest of a process)."""
     script = ("import json, sys; from trainer import config, run\n"
               "for argv in json.loads(sys.argv[1]):\n"
-              "    cfg, _ = config.parse_config(argv, env={})\n"
-              "    print(json.dumps(list(run.preflight(cfg).notes)))\n")
+              "    p = config.parse_config(argv, env={})\n"
+              "    print(json.dumps(list(p.notes + run.preflight(p.cfg, p.given)[1])))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE_NPU, ROOT]), FAKE_NPU_DEVICE_COUNT="8")
     proc = subprocess.run([PY, "-c", script, json.dumps([list(a) for a in argvs])], env=env, capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -113,7 +125,7 @@ def test_single_npu_run_without_amp_gets_a_note_and_stays_float32():
     assert len(notes) == 1 and notes[0].startswith("no --amp: training in float32"), notes
     assert "the Ascend guides train on NPU with --amp" in notes[0]
     assert not [n for n in amp + spawned if "no --amp" in n]
-    assert not [n for n in run.preflight(parse(["--dummy", "--device", "cpu"])).notes if "no --amp" in n]
+    assert not [n for n in preflight(["--dummy", "--device", "cpu"])[1] if "no --amp" in n]
 
 
 def _address_space(limit):

@@ -101,9 +101,20 @@ def test_resolve_launch_rejects(argv, env, fragment):
         resolve_launch(ns(*argv), env)
 
 
-def _cfg(*argv):
+def _parsed(*argv):
     from trainer.config import parse_config
-    return parse_config(["--dummy", "--device", "cpu"] + list(argv), env={})[0]
+    return parse_config(["--dummy", "--device", "cpu"] + list(argv), env={})
+
+
+def _cfg(*argv):
+    return _parsed(*argv).cfg
+
+
+def _settled(*argv):
+    """amp.settle on the CPU: (cfg, notes)."""
+    from trainer import amp as ampmod
+    parsed = _parsed(*argv)
+    return ampmod.settle(parsed.cfg, "cpu", parsed.given)
 
 
 def test_npu_rendezvous_is_env_only_and_counts_other_than_1_2_4_8_are_flagged():
@@ -119,20 +130,20 @@ def test_npu_rendezvous_is_env_only_and_counts_other_than_1_2_4_8_are_flagged():
 
 
 def test_device_list_is_sorted_like_the_guide_and_gpu_is_cuda():
-    cfg = _cfg("--multiprocessing-distributed", "--device_list", "3,1,2,0")
-    assert cfg.launch.device_list == (0, 1, 2, 3)
-    assert any("taken in ascending order 0,1,2,3" in n for n in cfg.notes)
-    assert _cfg("--device-list", "0-3").notes == ()
+    parsed = _parsed("--multiprocessing-distributed", "--device_list", "3,1,2,0")
+    assert parsed.cfg.launch.device_list == (0, 1, 2, 3)
+    assert any("taken in ascending order 0,1,2,3" in n for n in parsed.notes)
+    assert _parsed("--device-list", "0-3").notes == ()
     from trainer.config import parse_config
-    assert parse_config(["--dummy", "--device", "gpu"], env={})[0].launch.device == "cuda"
+    assert parse_config(["--dummy", "--device", "gpu"], env={}).cfg.launch.device == "cuda"
 
 
 def test_shufflenet_names_build_the_variant_unless_torchvision_is_asked():
     import models
-    cfg = _cfg("-a", "shufflenet_v2_x0_5")
-    assert cfg.model.arch == "shufflenet_v2_x0_5" and cfg.model.name == "shufflenet_v2_x0_5_npu" and len(cfg.notes) == 1
-    cfg = _cfg("-a", "shufflenet_v2_x0_5", "--model-impl", "torchvision")
-    assert cfg.model.name == "shufflenet_v2_x0_5" and cfg.notes == ()
+    cfg, notes, _ = _parsed("-a", "shufflenet_v2_x0_5")
+    assert cfg.model.arch == "shufflenet_v2_x0_5" and cfg.model.name == "shufflenet_v2_x0_5_npu" and len(notes) == 1
+    cfg, notes, _ = _parsed("-a", "shufflenet_v2_x0_5", "--model-impl", "torchvision")
+    assert cfg.model.name == "shufflenet_v2_x0_5" and notes == ()
     assert _cfg("-a", "resnet50").model.name == "resnet50"
     with pytest.raises(UsageError, match="use -a shufflenet_v2_x1_0 for torchvision's"):
         _cfg("-a", "shufflenet_v2_x1_0_npu", "--model-impl", "torchvision")
@@ -146,15 +157,14 @@ def test_shufflenet_names_build_the_variant_unless_torchvision_is_asked():
 
 
 def test_precision_flags_without_effect_are_noted():
-    from trainer import amp as ampmod
-    cfg = ampmod.settle(_cfg("--opt-level", "O1", "--loss-scale", "128"), "cpu")
-    assert cfg.notes == ("--opt-level and --loss-scale have no effect without --amp",)
-    cfg = ampmod.settle(_cfg("--amp", "--opt_level", "O2"), "cpu")
+    _, notes = _settled("--opt-level", "O1", "--loss-scale", "128")
+    assert notes == ("--opt-level and --loss-scale have no effect without --amp",)
+    cfg, notes = _settled("--amp", "--opt_level", "O2")
     assert cfg.precision.amp_impl == "native"
-    assert any(n.startswith("--opt-level O2 applies to apex only") for n in cfg.notes)
-    assert ampmod.settle(_cfg("--amp"), "cpu").notes == ()
+    assert any(n.startswith("--opt-level O2 applies to apex only") for n in notes)
+    assert _settled("--amp")[1] == ()
     with pytest.raises(UsageError, match="--combine-ddp is an option of Ascend apex.amp"):
-        ampmod.settle(_cfg("--amp", "--combine-ddp"), "cpu")
+        _settled("--amp", "--combine-ddp")
 
 
 # ---------------------------------------------------------------- recipe rule
@@ -191,10 +201,10 @@ def test_recipe_that_does_not_scale_says_so(monkeypatch):
 
 def test_main_recipe_uses_the_rule():
     from trainer.config import parse_config
-    cfg, _ = parse_config(["--dummy", "--recipe", "resnet50_8p", "--device", "cpu", "--multiprocessing-distributed",
-                           "--device-list", "0,1"], env={})
+    cfg, notes, _ = parse_config(["--dummy", "--recipe", "resnet50_8p", "--device", "cpu",
+                                  "--multiprocessing-distributed", "--device-list", "0,1"], env={})
     assert (cfg.run.batch_size, cfg.optim.lr, cfg.data.workers) == (1024, pytest.approx(0.4), 64)
-    assert any("per-device batch is kept" in n for n in cfg.notes)
+    assert any("per-device batch is kept" in n for n in notes)
 
 
 # ---------------------------------------------------------------- metrics

@@ -39,10 +39,11 @@ class Precision:
         return "float32" if self.dtype is None else str(self.dtype).replace("torch.", "")
 
 
-def settle(cfg, kind):
-    """``cfg`` with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``, and a note for
-    every precision flag that has no effect in the chosen mode. Checks before any process starts."""
-    given, notes = set(cfg.explicit), []
+def settle(cfg, kind, given=frozenset()):
+    """(``cfg`` with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``, notes): a note for
+    every precision flag that has no effect in the chosen mode. ``given``: the flags the command line gave (a
+    loss scale given is kept). Checks before any process starts."""
+    notes = []
     if not cfg.precision.amp:
         unused = [f for f, d in (("--opt-level", "opt_level"), ("--loss-scale", "loss_scale")) if d in given]
         if unused:
@@ -51,7 +52,7 @@ def settle(cfg, kind):
         if cfg.launch.world_size == 1 and devmod.guides_train_with_amp(kind) and not cfg.run.evaluate:
             notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
                          "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
-        return cfg.replace(amp_impl="native", notes=cfg.notes + tuple(notes))
+        return cfg.replace(amp_impl="native"), tuple(notes)
     impl = cfg.precision.amp_impl
     if impl == "auto":
         impl = "native" if cfg.precision.amp_dtype == "bfloat16" else devmod.default_amp_impl(kind)
@@ -77,7 +78,7 @@ def settle(cfg, kind):
         if "opt_level" in given:
             notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
                 cfg.precision.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
-    return cfg.replace(amp_impl=impl, loss_scale=loss_scale, notes=cfg.notes + tuple(notes))
+    return cfg.replace(amp_impl=impl, loss_scale=loss_scale), tuple(notes)
 
 
 def _check_apex(section, kind):

@@ -7,7 +7,7 @@ A recipe (``--recipe NAME``) supplies defaults; flags given on the command line 
 """
 import dataclasses
 import os
-from typing import Optional, Tuple
+from typing import FrozenSet, NamedTuple, Optional, Tuple
 
 from trainer.device_names import canonical_kind
 from trainer.errors import UsageError
@@ -152,23 +152,21 @@ FLAT = _flat_names()  # flat name -> (section, field)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """The run's configuration: one frozen section per subsystem (each factory takes its own), the flags given on
-    the command line, and the notes on how the command line was adapted (logged at the start of the run)."""
+    """The run's configuration: one frozen section per subsystem (each factory takes its own). What parsing learnt
+    besides (the notes on how the command line was adapted, the flags it gave) travels apart, in ``Parsed``."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     precision: PrecisionConfig = PrecisionConfig()
     launch: LaunchConfig = LaunchConfig()
     run: RunConfig = RunConfig()
-    explicit: Tuple[str, ...] = ()  # the flags given on the command line (their argparse dests)
-    notes: Tuple[str, ...] = ()
 
     def replace(self, **changes):
         """A copy with fields changed: sections whole (``launch=LaunchConfig(...)``), or fields by their flat
         names (``world_size=8``; ``data=DIR``, ``model=NAME``, ``launch=MODE``: see ``as_dict``)."""
         top, per_section = {}, {}
         for name, value in changes.items():
-            if name in ("explicit", "notes") or isinstance(value, _Section):
+            if isinstance(value, _Section):
                 top[name] = value
             elif name in FLAT:
                 section, field = FLAT[name]
@@ -185,19 +183,27 @@ class Config:
         out = {}
         for name, (section, field) in FLAT.items():
             out[name] = getattr(getattr(self, section), field)
-        out["explicit"], out["notes"] = self.explicit, self.notes
         return out
 
 
+class Parsed(NamedTuple):
+    """What ``parse_config`` returns: the config (None for --list-models), the notes on how the command line was
+    adapted (a recipe scaled, a guide's flag mapped; ``run`` logs them), and the flags the command line gave
+    (their argparse dests: a default is settled for the device only where the flag was not given)."""
+    cfg: Optional[Config]
+    notes: Tuple[str, ...] = ()
+    given: FrozenSet[str] = frozenset()
+
+
 def parse_config(argv=None, env=None):
-    """Parse and validate; raise UsageError (one line) on bad input."""
+    """Parse and validate into a ``Parsed``; raise UsageError (one line) on bad input."""
     from trainer import recipes
 
     env = os.environ if env is None else env
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.list_models:
-        return None, ns
+        return Parsed(None)
     notes = ()
     explicit = _explicit_dests(argv)
     if ns.recipe is not None:
@@ -206,11 +212,14 @@ def parse_config(argv=None, env=None):
         values, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), given)
         parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
         ns = parser.parse_args(argv)
-    return validate(ns, env, tuple(notes), explicit), ns
+    cfg, more = validate(ns, env)
+    return Parsed(cfg, tuple(notes) + more, frozenset(explicit))
 
 
-def validate(ns, env, notes=(), explicit=()):
+def validate(ns, env):
+    """(Config, notes) from parsed flags."""
     import models
+    notes = ()
     if ns.pretrained not in (None, PUBLISHED) and os.path.isdir(ns.pretrained) and not ns.data:
         # pytorch/examples' `main.py --pretrained DIR`: there --pretrained takes no value, so the folder is DIR
         ns.data, ns.pretrained = ns.pretrained, PUBLISHED
@@ -289,5 +298,4 @@ def validate(ns, env, notes=(), explicit=()):
                       recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
                       progress=ns.progress, tensorboard_dir=(ns.tensorboard_dir or os.path.join(
                           ns.output_dir, "tensorboard")) if ns.tensorboard else None),
-        explicit=tuple(sorted(explicit)), notes=notes,
-    )
+    ), notes

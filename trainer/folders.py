@@ -37,7 +37,7 @@ def owns_folder(cfg):
 
 def take_folder(cfg):
     """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
-    without one. Returns (lock, cfg with a note when a stale lock was taken over)."""
+    without one. Returns (lock, notes: one when a stale lock was taken over)."""
     held_lock = lock.RunLock(cfg.run.output_dir).acquire()
     try:
         if cfg.run.resume is None:
@@ -48,10 +48,10 @@ def take_folder(cfg):
     except BaseException:
         held_lock.release()
         raise
+    notes = ()
     if held_lock.taken_over:
-        cfg = cfg.replace(notes=cfg.notes + ("took over the lock of {}, which is no longer running".format(
-            held_lock.taken_over),))
-    return held_lock, cfg
+        notes = ("took over the lock of {}, which is no longer running".format(held_lock.taken_over),)
+    return held_lock, notes
 
 
 def _sees(path):
@@ -67,13 +67,13 @@ def _sees(path):
 def node_writer(cfg, dist, device, log):
     """Decide, on every rank of the job together, whether this rank writes --output-dir.
 
-    Returns (writes, lock or None, cfg): rank 0 writes (its folder's lock is held by the launching process);
+    Returns (writes, lock or None, notes): rank 0 writes (its folder's lock is held by the launching process);
     a node's local rank 0 whose --output-dir is not rank 0's folder writes its own and holds its lock here.
     A node whose folder cannot be taken (in use, or a new run into a folder holding one) stops every rank
     with that node's one line.
     """
     if not dist.active or cfg.launch.nodes <= 1:
-        return dist.is_main, None, cfg
+        return dist.is_main, None, ()
     leader = (cfg.launch.local_rank or 0) == 0
     token = dist.broadcast_int(secrets.randbits(30), device)  # every rank calls it; rank 0's value wins
     path = os.path.join(cfg.run.output_dir, TOKEN.format(token))
@@ -88,10 +88,10 @@ def node_writer(cfg, dist, device, log):
             os.remove(path)
         except OSError:
             pass
-    held, problem = None, None
+    held, problem, notes = None, None, ()
     if own and not cfg.run.evaluate:
         try:
-            held, cfg = take_folder(cfg)
+            held, notes = take_folder(cfg)
         except UsageError as exc:
             problem = exc
     bad = int(dist.max(cfg.launch.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1
@@ -112,7 +112,7 @@ def node_writer(cfg, dist, device, log):
     if own:
         log("=> node {} writes its own checkpoints and summary in '{}' (not the folder rank 0 writes)".format(
             cfg.launch.node_rank, cfg.run.output_dir), all_ranks=True)
-    return dist.is_main or own, held, cfg
+    return dist.is_main or own, held, notes
 
 
 def check_same_epoch(dist, device, epoch, where, leader):

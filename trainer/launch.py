@@ -145,15 +145,15 @@ def _place(ns, env):
 
 
 def settle_backend(cfg, kind):
-    """``cfg`` with a --dist-backend that names another device's collective library (the guides' hccl on a GPU
-    or CPU, nccl off CUDA) replaced by this device's own, and a note saying so."""
+    """(``cfg`` with a --dist-backend that names another device's collective library (the guides' hccl on a GPU
+    or CPU, nccl off CUDA) replaced by this device's own, notes: one saying so)."""
     owner = devmod.backend_owner(cfg.launch.dist_backend)
     if owner is None or owner == kind:
-        return cfg
+        return cfg, ()
     own = devmod.default_backend(kind)
-    return cfg.replace(dist_backend=own, notes=cfg.notes + (
+    return cfg.replace(dist_backend=own), (
         "--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
-            cfg.launch.dist_backend, owner.upper(), kind.upper(), own),))
+            cfg.launch.dist_backend, owner.upper(), kind.upper(), own),)
 
 
 def check_launch(section, kind):

@@ -8,6 +8,7 @@
     train(job)    epochs: train, validate, checkpoint, summary
 """
 import dataclasses
+import functools
 import math
 import os
 import secrets
@@ -27,18 +28,19 @@ from trainer.errors import UsageError, one_line
 from trainer.guard import Diverged, all_finite
 from trainer.schedule import Schedule
 
-def preflight(cfg, reader=None):
-    """Cheap checks in the launching process; returns ``cfg`` settled for its device (the kind resolved,
-    --amp-impl auto decided, notes added). The files it reads stay with ``reader`` for this process's run."""
+def preflight(cfg, given=frozenset(), reader=None):
+    """Cheap checks in the launching process. Returns (``cfg`` settled for its device: the kind resolved,
+    --amp-impl auto decided; the notes on what was settled). ``given``: the flags the command line gave. The
+    files it reads stay with ``reader`` for this process's run."""
     reader = reader or checkpoint.Reader()
     cli.check_arch(cfg.model.arch)
     kind = resolve_kind(cfg.launch.device)
     launch.check_devices(cfg.launch, kind)
-    cfg = ampmod.settle(cfg.replace(device=kind), kind)
+    cfg, notes = ampmod.settle(cfg.replace(device=kind), kind, given)
     if cfg.model.channels_last is None:
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
-    cfg = launch.settle_backend(cfg, kind)
-    cfg = cfg.replace(notes=cfg.notes + launch.check_launch(cfg.launch, kind))
+    cfg, more = launch.settle_backend(cfg, kind)
+    notes += more + launch.check_launch(cfg.launch, kind)
     if cfg.model.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.data.dummy:
@@ -55,29 +57,32 @@ def preflight(cfg, reader=None):
             checkpoint.read_training(resume, cfg.model.arch, reader)
     if os.path.exists(cfg.run.output_dir) and not os.path.isdir(cfg.run.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(cfg.run.output_dir))
-    return cfg
+    return cfg, notes
 
 
-def run(cfg):
-    """Entry point after parsing: returns the process exit code."""
+def run(cfg, notes=(), given=frozenset()):
+    """Entry point after parsing (``notes`` and ``given`` as ``parse_config`` returned them): returns the
+    process exit code."""
     reader = checkpoint.Reader()
-    cfg = preflight(cfg, reader)
+    cfg, more = preflight(cfg, given, reader)
+    notes = tuple(notes) + more
     held_lock = None
     if folders.owns_folder(cfg):
-        held_lock, cfg = folders.take_folder(cfg)
+        held_lock, more = folders.take_folder(cfg)
+        notes += more
     try:
-        if cfg.launch.mode == "spawn":
-            return ranks.spawn(cfg, cfg.launch.device, worker)  # the ranks read for themselves
-        return worker(cfg, reader)
+        if cfg.launch.mode == "spawn":  # the ranks read for themselves
+            return ranks.spawn(cfg, cfg.launch.device, functools.partial(worker, notes=notes))
+        return worker(cfg, reader, notes)
     finally:
         if held_lock is not None:
             held_lock.release()
 
 
-def worker(cfg, reader=None):
+def worker(cfg, reader=None, notes=()):
     """One process (one rank). Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
     130 interrupted; anything else is raised (exit 1). ``reader``: the files ``preflight`` read in this
-    process."""
+    process; ``notes``: what parsing and preflight settled, logged once the run is built."""
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
         device = Device.create(cfg.launch.device, launch.device_index(cfg.launch))
@@ -88,13 +93,14 @@ def worker(cfg, reader=None):
     log = metrics.Logger(dist.rank)
     rs, node_lock = None, None
     try:
-        writes, node_lock, cfg = folders.node_writer(cfg, dist, device, log)
+        writes, node_lock, more = folders.node_writer(cfg, dist, device, log)
+        notes = tuple(notes) + more
         if writes:
             os.makedirs(cfg.run.output_dir, exist_ok=True)
             name = summary.EVAL_SUMMARY if cfg.run.evaluate else summary.SUMMARY
             rs = summary.RunSummary(cfg, os.path.join(cfg.run.output_dir, name))
             rs.update(host_memory=host_memory)
-        job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader())
+        job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader(), notes)
         return evaluate(job) if cfg.run.evaluate else train(job)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
@@ -187,7 +193,15 @@ class Job:
     fallback_total: int = 0  # images the device data backend had decoded on the host (summed over ranks)
 
 
-def build(cfg, device, dist, log, rs, reader):
+def _log_notes(notes, log, rs):
+    """Each note as a ``note:`` line of the log, and all of them in the summary."""
+    for note in notes:
+        log("note: " + note)
+    if rs is not None:
+        rs.update(notes=list(notes))
+
+
+def build(cfg, device, dist, log, rs, reader, notes=()):
     world = dist.world_size
     batch_per_rank = cfg.run.batch_size // world
     procs = max(1, cfg.launch.procs_per_node)
@@ -232,14 +246,14 @@ def build(cfg, device, dist, log, rs, reader):
                  train_loader=train_loader, val_loader=val_loader,
                  normalizer=data.Normalizer(device, cfg.model.channels_last), resume_path=resume_path)
     if cfg.run.evaluate:
+        _log_notes(notes, log, rs)
         sd = checkpoint.state_dict_of(reader.read(resume_path), resume_path) if resume_path is not None else None
         return Job(model=model, model_for_eval=model, eval_state_dict=sd, **parts)
 
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=cfg.optim.label_smoothing).to(device.torch_device)
     model, step = ampmod.build_step(precision, device, model, cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay,
                                     optimizer=cfg.optim.optimizer)
-    for note in cfg.notes + tuple(step.notes):
-        log("note: " + note)
+    _log_notes(tuple(notes) + tuple(step.notes), log, rs)
     start_epoch, best_acc1 = cfg.run.start_epoch, None
     folders.check_same_epoch(dist, device, resume.epoch if resume is not None else cfg.run.start_epoch,
                              "'{}'".format(resume_path) if resume is not None else "no checkpoint in '{}'".format(

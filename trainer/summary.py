@@ -31,7 +31,7 @@ class RunSummary:
             "optimizer": None,
             "checkpoint": None, "best_checkpoint": None, "data_layout": None,
             "train_images": None, "num_classes": None, "recipe": cfg.run.recipe,
-            "versions": devmod.versions(), "config": cfg.as_dict(),
+            "versions": devmod.versions(), "config": cfg.as_dict(), "notes": [],
         }
 
     def update(self, **values):
