@@ -11,8 +11,11 @@ STAMP_COMPAT := $(VENV_COMPAT)/.installed
 # pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
 # marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
+# the graph-mode tests (--compile; marker "graph") are lanes of their own: compiling takes a CPU minutes
+MAIN_TESTS  := -m "not graph"
+GRAPH_TESTS := -m graph
 
-.PHONY: install install-compat test test-compat demo lint clean-demo check-device
+.PHONY: install install-compat test test-compat test-graph test-graph-compat demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -35,12 +38,19 @@ $(STAMP_COMPAT): requirements-compat.txt requirements-common.txt pyproject.toml
 
 # the pinned stack (requirements.txt)
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(MAIN_TESTS) $(PYTEST_ARGS)
 
 # the whole suite again on torch 2.1.0 (requirements-compat.txt); a test that needs a newer torch skips
 # with its reason (-rs lists them)
 test-compat: install-compat
-	$(PY_COMPAT) -m pytest $(PYTEST_ARGS)
+	$(PY_COMPAT) -m pytest $(MAIN_TESTS) $(PYTEST_ARGS)
+
+# graph mode (--compile): tests/test_graph.py on the pinned stack, then on torch 2.1.0
+test-graph: install
+	$(PY) -m pytest $(GRAPH_TESTS) $(PYTEST_ARGS)
+
+test-graph-compat: install-compat
+	$(PY_COMPAT) -m pytest $(GRAPH_TESTS) $(PYTEST_ARGS)
 
 # What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
 # check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.

@@ -61,6 +61,8 @@ TORCH111_API = os.path.join(ROOT, "tests", "compat", "torch111_api.txt")
 # torch names newer than 1.11 that the sources use, each only in the device layer behind a version guard:
 # name (a use is covered by the name or any name under it) -> where it is guarded.
 NEWER = {
+    "torch.compile": "torch.compile (torch >= 2.0): Device.compile through shims.torch_compile, behind "
+                     "shims.has_torch_compile (hasattr); --compile is a one-line error on older torch",
     "torch.amp": "torch.amp.GradScaler (torch >= 2.3): Device.grad_scaler, behind _has_amp_grad_scaler "
                  "(hasattr); torch.cuda.amp.GradScaler on older torch",
 }

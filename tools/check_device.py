@@ -21,6 +21,10 @@ Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a ta
                   device can decode JPEGs, the other backend is measured too and reported beside it, and
                   where the device backend decodes in a thread beside the step (CUDA, or --decode-ahead on),
                   also without it
+  fps-compiled    the synthetic-data runs of the FPS checks again with --compile (graph mode; ResNet50's
+                  only with --small): PASS where each compiles and trains; its images/s, compile time and
+                  ratio to the eager run are reported (a CPU may run slower compiled: README "Graph mode");
+                  SKIP on a torch without torch.compile
   backends        train-fp32's run once per data backend (cpu, and the device's JPEG decoder), same seed:
                   both train, their Acc@1 differ by at most 15 points, and each model validated through
                   the other backend scores within 3 points of its own; on a CPU the device backend's
@@ -30,8 +34,9 @@ Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a ta
                   every output, gradient and BN buffer within 1e-3 of its largest value
   ddp             a one-device run spawned through --multiprocessing-distributed (nccl / hccl / gloo)
 
---small uses tiny models and images (a 2-core CPU runs all 11 checks in about 90 s); without it the sizes
-are the ones that matter on an accelerator (ResNet50 at batch 256, ShuffleNetV2 at batch 1024, 224 px).
+--small uses tiny models and images (a 2-core CPU runs the 11 checks other than fps-compiled in about 90 s);
+without it the sizes are the ones that matter on an accelerator (ResNet50 at batch 256, ShuffleNetV2 at batch
+1024, 224 px).
 Exit codes: 0 no FAIL, 1 a FAIL, 2 a usage error. Training output goes to --work-dir/*.log.
 """
 import argparse
@@ -54,7 +59,7 @@ from trainer.errors import UsageError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECKS = ("contract", "train-fp32", "train-amp", "train-fp16", "guard", "fps-resnet50", "fps-shufflenet",
-          "backends", "onnx", "precision", "ddp")
+          "fps-compiled", "backends", "onnx", "precision", "ddp")
 # the backends check: the largest Acc@1 gap between the runs trained from each data backend that still reads
 # as "alike" (the spread between seeds of one backend is of this order: docs/BENCHMARKS.md), and between a
 # model's Acc@1 through either backend's validation pipeline (same images, same model)
@@ -84,6 +89,7 @@ class Sizes:
                     if small else
                     {"fps-resnet50": ("resnet50", 256, 224), "fps-shufflenet": ("shufflenet_v2_x1_0_npu", 1024, 224)})
         self.fps_steps, self.fps_warmup = (8, 3) if small else (60, 15)
+        self.compiled = ("fps-resnet50",) if small else ("fps-resnet50", "fps-shufflenet")  # fps-compiled's
         # JPEG-fed FPS as a fraction of the synthetic FPS: a tiny CPU model is decode-bound by nature; on an
         # accelerator ResNet50 must be fed at 90 % and ShuffleNetV2 (3x the images/s) at 70 %
         self.jpeg_pass = ({"fps-resnet50": 0.0, "fps-shufflenet": 0.0} if small else
@@ -252,6 +258,26 @@ class Battery:
                     arch=arch, batch=batch, image_size=size, trainer_fps=trainer, bare_fps=[bare1, bare2], ratio=ratio,
                     jpeg_fps=jpeg, jpeg_ratio=fed, data_backend=backend, jpeg_fps_by_backend=by_backend, **extra)
 
+    def check_fps_compiled(self):
+        missing = self.device.compile_missing()
+        if missing:
+            return self.record("fps-compiled", None, missing)
+        rows, parts = {}, []
+        steps, warm = self.sizes.fps_steps, self.sizes.fps_warmup
+        for name in self.sizes.compiled:
+            arch, batch, size = self.sizes.fps[name]
+            eager = self._trainer_fps(name + "-eager", arch, batch, size, steps, warm)
+            fps, s = self._trainer_fps(name + "-compiled", arch, batch, size, steps, warm, compiled=True)
+            graph = s.get("compile") or {}
+            rows[arch] = {"eager_fps": eager, "compiled_fps": fps, "ratio": fps / eager if eager else None,
+                          "compile_seconds": s.get("compile_seconds"), "status": s.get("status"),
+                          "compile": graph.get("status"), "note": graph.get("note")}
+            parts.append("{} bs {} {} px: {} in {:.0f} s, {:.0f} img/s = {:.2f} of eager ({:.0f})".format(
+                arch, batch, size, graph.get("status"), s.get("compile_seconds") or 0, fps, rows[arch]["ratio"] or 0,
+                eager) if graph.get("status") == "compiled" else "{}: {}".format(arch, graph.get("note")))
+        ok = all(r["status"] == "ok" and r["compile"] == "compiled" for r in rows.values())
+        self.record("fps-compiled", ok, "; ".join(parts), models=rows)
+
     def other_data_backend(self, backend):
         """The data backend the default did not pick, where this device can run it; else None."""
         if backend == DEVICE_DECODE:
@@ -286,10 +312,11 @@ class Battery:
         self._jpeg = (root, src, files, made)
         return root
 
-    def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None, decode_ahead=None):
+    def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None, decode_ahead=None,
+                     compiled=False):
         """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``
         (``backend``: a --data-backend; default: the trainer's; ``decode_ahead``: see train_in_process; None:
-        the battery's choice)."""
+        the battery's choice); ``compiled``: with --compile, (train_fps, summary)."""
         decode_ahead = self.decode_ahead if decode_ahead is None else decode_ahead
         source = ["--dummy"] if data is None else [data, "-j", str(min(32, os.cpu_count() or 1))]
         if backend is not None:
@@ -297,9 +324,11 @@ class Battery:
         _, s, _ = train_in_process(os.path.join(self.work, name), source + [
             "-a", arch, "-b", str(batch), "--amp", "--channels-last", "--device", self.device.kind, "--epochs", "1",
             "--max-steps-per-epoch", str(steps + warm), "--fps-warmup-steps", str(warm), "--no-validate",
-            "--train-crop-size", str(size), "--seed", "0", "-p", str(steps + warm)], batched=False,
-            decode_ahead=decode_ahead)
+            "--train-crop-size", str(size), "--seed", "0", "-p", str(steps + warm)]
+            + (["--compile"] if compiled else []), batched=False, decode_ahead=decode_ahead)
         fps = s.get("train_fps") or 0.0
+        if compiled:
+            return fps, s
         return fps if data is None else (fps, s.get("data_backend"))
 
     def check_backends(self):
@@ -424,7 +453,7 @@ def run(args, out=None):
     for check in only:
         started = time.time()
         try:
-            if check.startswith("fps-"):
+            if check.startswith("fps-") and check != "fps-compiled":
                 battery.check_fps(check)
             else:
                 getattr(battery, "check_" + check.replace("-", "_"))()

@@ -49,6 +49,8 @@ class ModelConfig(_Section):
     zero_init_residual: bool = False
     channels_last: Optional[bool] = None  # None: the device's default (settled in run.preflight)
     sync_bn: bool = False
+    compile: bool = False  # --compile: the training step in graph mode (trainer/graph.py)
+    compile_mode: str = "default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +136,7 @@ FLAT_ORDER = """
     zero_init_residual recipe profile_steps profile_stop progress tensorboard_dir launch world_size rank nodes
     node_rank procs_per_node dist_url dist_backend multiprocessing_distributed device_list addr port local_rank
     sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
+    compile compile_mode
 """.split()
 
 
@@ -263,6 +266,8 @@ def validate(ns, env):
         raise UsageError("--evaluate with --no-validate has nothing to do")
     if not ns.tensorboard and ns.tensorboard_dir is not None:
         raise UsageError("--tensorboard-dir and --no-tensorboard contradict each other: give one")
+    if ns.compile_mode != "default" and not ns.compile:
+        raise UsageError("--compile-mode {} needs --compile".format(ns.compile_mode))
     if ns.profile_stop and ns.profile_steps is None:
         raise UsageError("--profile-stop needs --profile-steps START:END")
     if ns.recipe is not None:
@@ -278,7 +283,8 @@ def validate(ns, env):
         model=ModelConfig(arch=ns.arch, name=model, model_impl=ns.model_impl,
                           pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
                           pretrained_published=ns.pretrained == PUBLISHED, num_classes=ns.num_classes,
-                          zero_init_residual=ns.zero_init_residual, channels_last=ns.channels_last, sync_bn=ns.sync_bn),
+                          zero_init_residual=ns.zero_init_residual, channels_last=ns.channels_last, sync_bn=ns.sync_bn,
+                          compile=ns.compile, compile_mode=ns.compile_mode),
         optim=OptimConfig(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
                           lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
                           label_smoothing=ns.label_smoothing),

@@ -48,17 +48,21 @@ class Engine:
         batch = None
         sums, guard, optimizer, rec = metrics.Sums(dev), Guard(dev), self.step.optimizer, self.recorder
         meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch))
-        clock = metrics.StepClock(dev, steps, cfg.run.fps_warmup_steps)
+        compiling = getattr(self.model, "pending", False)  # --compile: this epoch's first step compiles
+        warm = cfg.run.fps_warmup_steps
+        if compiling and not 0 < warm < steps:
+            warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
+        clock = metrics.StepClock(dev, steps, warm)
         rec.start_epoch(epoch, steps)
         for i, (images, target) in clock.batches(loader, steps):
             batch = images.shape[0]
             set_lr(optimizer, self.schedule(epoch, i))
             x, y = self.normalize(images), self._targets(target)
-            with self.autocast():
-                output = self.model(x)
-                loss = self.criterion(output, y)
-            self.step.zero_grad()
-            guard.observe(loss, self.step(loss))
+            if compiling and i == 0:
+                output, loss, skipped = self.model.first_step(lambda: self._step(x, y), dev, self.log)
+            else:
+                output, loss, skipped = self._step(x, y)
+            guard.observe(loss, skipped)
             c1, c5 = metrics.correct_counts(output.detach(), y)
             sums.add(loss.detach() * batch, c1, c5, batch)
             rec.step(batch)
@@ -94,6 +98,14 @@ class Engine:
             fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
             data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
             acc5=running["acc5"], images=running["count"])
+
+    def _step(self, x, y):
+        """Forward, loss, backward and the optimizer step: (output, loss, the step's skipped flag)."""
+        with self.autocast():
+            output = self.model(x)
+            loss = self.criterion(output, y)
+        self.step.zero_grad()
+        return output, loss, self.step(loss)
 
     def _check(self, guard, epoch):
         guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale)

@@ -10,6 +10,7 @@ from trainer.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 
 DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
 OPT_LEVELS = ("O1", "O2")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes
 PUBLISHED = "\0published"  # --pretrained given without FILE (argparse's const; no path can hold a NUL)
 
 
@@ -118,6 +119,14 @@ def build_parser():
     d.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
                    help="NHWC memory format (default: on for CPU, where it is faster; off for NPU and CUDA)")
     d.add_argument("--no-channels-last", dest="channels_last", action="store_false", help="NCHW memory format")
+    d.add_argument("--compile", action="store_true",
+                   help="graph mode: the model's training forward and backward compiled (torch.compile's "
+                        "inductor on CUDA and CPU, torch >= 2.0; torchair, torch_npu's graph backend, on NPU); "
+                        "the first step compiles (compile_seconds, apart from FPS); a model that fails to "
+                        "compile trains eagerly, with a note. Validation stays eager")
+    d.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                   help="torch.compile's mode: reduce-overhead (CUDA graphs), max-autotune (longer compile); "
+                        "NPU: torchair's graph engine whatever the mode")
     d.add_argument("--data-backend", choices=DATA_BACKENDS, default="auto",
                    help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode "
                         "decode), gpu (workers read bytes; whole batches are decoded and cropped on the device: "

@@ -20,7 +20,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, cli, data, distributed, folders, launch, metrics, observe, ranks, summary
+from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -41,6 +41,8 @@ def preflight(cfg, given=frozenset(), reader=None):
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
     cfg, more = launch.settle_backend(cfg, kind)
     notes += more + launch.check_launch(cfg.launch, kind)
+    if cfg.model.compile and devmod.compile_missing(kind):
+        raise UsageError(devmod.compile_missing(kind))
     if cfg.model.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.data.dummy:
@@ -179,7 +181,7 @@ class Job:
     val_loader: Any
     normalizer: Any
     resume_path: Optional[str]
-    model: Any  # what trains: DDP-wrapped where distributed
+    model: Any  # what trains: a graph.Graph of the model, DDP-wrapped where distributed
     model_for_eval: Any  # the bare model
     criterion: Any = None
     step: Any = None  # the optimizer step (trainer/amp.py)
@@ -254,6 +256,10 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
     model, step = ampmod.build_step(precision, device, model, cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay,
                                     optimizer=cfg.optim.optimizer)
     _log_notes(tuple(notes) + tuple(step.notes), log, rs)
+    slower = device.compile_warning(precision.dtype if precision.impl == "native" else None) \
+        if cfg.model.compile else None
+    if slower:
+        log("warning: " + slower)
     start_epoch, best_acc1 = cfg.run.start_epoch, None
     folders.check_same_epoch(dist, device, resume.epoch if resume is not None else cfg.run.start_epoch,
                              "'{}'".format(resume_path) if resume is not None else "no checkpoint in '{}'".format(
@@ -266,6 +272,7 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
     model_for_eval = model
     if dist.active and not precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
         model = device.ddp(model, cfg.launch.broadcast_buffers)
+    model = graph.wrap(model, _unwrap(model_for_eval), device, cfg.model, log)
     steps = len(train_loader)
     if cfg.run.max_steps_per_epoch:
         steps = min(steps, cfg.run.max_steps_per_epoch)
@@ -370,7 +377,7 @@ def _train(job, rec):
                 "epoch": epoch, "global_step": done * job.steps, "train_loss": tr.loss, "train_acc1": tr.acc1,
                 "train_acc5": tr.acc5, "val_loss": val.loss if val else None,
                 "val_acc1": val.acc1 if val else None, "val_acc5": val.acc5 if val else None,
-                "lr": job.schedule(epoch, tr.steps - 1), "images_per_second": tr.fps,
+                "lr": job.schedule(epoch, tr.steps - 1), "images_per_second": tr.fps, "fps_steps": tr.timed_steps,
                 "data_wait_fraction": tr.data_wait_seconds / tr.seconds if tr.seconds else None,
                 "overflow_steps": overflow, "seconds": tr.seconds, "arch": cfg.model.arch, "device": job.device.name,
                 "world_size": dist.world_size, "amp": _amp_label(job.precision)})
@@ -405,6 +412,7 @@ def _record(job, totals, last_val=None, **fields):
                   optimizer=job.step.name, data_layout=job.info.layout, train_images=job.info.train_images,
                   data_backend=job.info.backend, data_fallback_images=job.fallback_total,
                   data_workers=job.workers, num_classes=job.num_classes, amp=job.step.describe(),
+                  compile=job.model.describe(), compile_seconds=job.model.seconds,
                   overflow_steps=overflow,
                   skipped_fraction=overflow / float(totals.trained_steps) if totals.trained_steps else 0.0,
                   **dict(totals.fields(), **fields))

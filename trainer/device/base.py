@@ -242,6 +242,25 @@ class Device:
             raise UsageError("float16 autocast {}".format(missing))
         return torch.cuda.amp.GradScaler(init_scale=init)
 
+    # -- graph mode (--compile; trainer/graph.py)
+    @classmethod
+    def compile_missing(cls):
+        """Why --compile cannot run here with this torch (checked before any process starts), or None."""
+        if not shims.has_torch_compile():
+            return "--compile needs torch >= 2.0 (torch.compile); this is torch {}: drop --compile".format(
+                torch.__version__)
+        return None
+
+    def compile(self, model, mode):
+        """(``model`` in graph mode, the backend's name, a note or None): torch.compile with its inductor backend in
+        ``mode`` (--compile-mode). Compiling happens on the first call; what fails there is trainer/graph.py's."""
+        return shims.torch_compile(model, mode=mode), "inductor", None
+
+    def compile_warning(self, dtype):
+        """Why graph mode is expected to be slower than eager here with autocast ``dtype`` (None: float32), or
+        None."""
+        return None
+
     # -- optimizer (the choice among them: trainer/optim)
     def native_fused_sgd(self, apex_amp_in_use=False):
         """(class, name) of this device's own fused SGD (a vendor's kernel), or None."""

@@ -76,6 +76,11 @@ def supports_sync_bn(kind):
     return class_for(kind).supports_sync_bn
 
 
+def compile_missing(kind):
+    """Why --compile cannot run on ``kind`` with this torch, or None."""
+    return class_for(kind).compile_missing()
+
+
 def supports_apex(kind):
     return class_for(kind).supports_apex
 

@@ -6,7 +6,7 @@ import os
 import torch
 
 from trainer.device.base import Device
-from trainer.device import runtime
+from trainer.device import runtime, shims
 from trainer.device.runtime import npu_import_error, npu_module
 from trainer.errors import UsageError
 
@@ -112,6 +112,21 @@ class NpuDevice(Device):
             except Exception:
                 pass
         return (opt_cls, name) if opt_cls is not None else None
+
+    def compile(self, model, mode):
+        """torchair, torch_npu's graph backend (its graph engine, GE), through torch.compile with static shapes
+        (the loaders drop the last partial batch), as Ascend's TorchAir guide compiles a training model. Without
+        torchair (torch_npu before 2.1): eager, with a note."""
+        tng = runtime.torchair()
+        if tng is None:
+            return model, None, ("--compile: this torch_npu has no torchair (its graph backend, in torch_npu >= 2.1): "
+                                 "training eagerly")
+        backend = tng.get_npu_backend(compiler_config=tng.CompilerConfig())
+        note = None
+        if mode != "default":
+            note = ("--compile-mode {} is torch's inductor's; on NPU torchair compiles the training step with its "
+                    "graph engine (its own reduce-overhead mode is for inference)".format(mode))
+        return shims.torch_compile(model, backend=backend, dynamic=False), "torchair", note
 
     def bind_thread(self):
         npu_module().npu.set_device(self.name)

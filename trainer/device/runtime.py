@@ -20,6 +20,18 @@ def npu_import_error():
     return _npu["error"]
 
 
+def torchair():
+    """torch_npu's graph backend, ``torchair`` (torch_npu >= 2.1 ships it inside and makes ``import torchair`` work
+    once torch_npu is imported; its real import happens on first use), if it loads; else None."""
+    if npu_module() is None:
+        return None
+    try:
+        import torchair as module
+        return module if hasattr(module, "get_npu_backend") and hasattr(module, "CompilerConfig") else None
+    except Exception:  # absent (torch_npu 1.11), or its native part failed to load
+        return None
+
+
 def apex_amp():
     """``apex.amp`` (NVIDIA's or Ascend's) if it imports, else None.
 

@@ -2,6 +2,8 @@
 the versions a run records."""
 import contextlib
 import inspect
+import io
+import logging
 import os
 import pickle
 import platform
@@ -16,6 +18,28 @@ from trainer.device.runtime import apex_amp
 
 def _has_amp_grad_scaler():
     return hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")  # torch >= 2.3
+
+
+def has_torch_compile():
+    return hasattr(torch, "compile")  # torch >= 2.0
+
+
+# torch's loggers that warn on stderr while compiling: "No CUDA runtime is found, using CUDA_HOME=..." on a machine
+# without CUDA, "Profiler record function ... will be ignored" from DDP's forward, graph breaks. A run's stderr is
+# one line, for an error (README); TORCH_LOGS, torch's own switch, shows them again.
+_COMPILE_LOGGERS = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension")
+
+
+def torch_compile(model, **kwargs):
+    """torch.compile (torch >= 2.0: callers check ``has_torch_compile``), its loggers kept to errors unless
+    TORCH_LOGS asks for more."""
+    if not os.environ.get("TORCH_LOGS"):
+        for name in _COMPILE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        if "torch.utils.cpp_extension" not in sys.modules:  # torch 2.1 prints its CUDA_HOME line when imported
+            with contextlib.redirect_stderr(io.StringIO()):
+                import torch.utils.cpp_extension  # noqa: F401
+    return torch.compile(model, **kwargs)
 
 
 _OUT_OF_MEMORY = ("out of memory",  # CUDA ("CUDA out of memory"), torch_npu ("NPU out of memory")

@@ -48,7 +48,32 @@ def _register_backend():
             for_tensor=True, for_module=True, for_storage=False)
 
 
+def _accelerator_answers_for_npu():
+    # Real: torch_npu registers its device guard and streams in C++, so torch.accelerator (torch >= 2.6) answers
+    # for "npu" as for CUDA; torch.compile's graph capture asks it for the current stream. The fake has no C++
+    # part: the same answers from torch.npu, for the npu accelerator only.
+    acc = getattr(torch, "accelerator", None)
+    if acc is None or not hasattr(acc, "current_stream") or getattr(acc, "_fake_npu", False):
+        return
+    real_stream, real_index = acc.current_stream, acc.current_device_index
+
+    def on_npu():
+        current = torch._C._accelerator_getAccelerator()
+        return current is not None and current.type == "npu"
+
+    def current_device_index():
+        return torch.npu.current_device() if on_npu() else real_index()
+
+    def current_stream(device=None):
+        return torch.npu.current_stream(device) if on_npu() else real_stream(device)
+
+    acc.current_device_index, acc.current_stream, acc._fake_npu = current_device_index, current_stream, True
+    if hasattr(acc, "current_device_idx"):
+        acc.current_device_idx = current_device_index
+
+
 _register_backend()
+_accelerator_answers_for_npu()
 
 import torch_npu.npu  # noqa: E402,F401
 import torch_npu.npu.amp  # noqa: E402,F401
@@ -56,5 +81,6 @@ import torch_npu.optim  # noqa: E402,F401
 import torch_npu.profiler  # noqa: E402,F401
 import torch_npu.contrib  # noqa: E402,F401
 import torch_npu.distributed  # noqa: E402,F401
+import torch_npu.dynamo  # noqa: E402,F401  (``import torchair``, as the real package)
 
 torch_npu.distributed._register_hccl()

@@ -169,7 +169,7 @@ class _FakeStream(object):
 
 
 def current_stream(device=None):
-    return _FakeStream(device)
+    return _FakeStream(torch.device("npu", current_device()) if device is None else device)
 
 
 def default_stream(device=None):

@@ -1,0 +1,103 @@
+"""Graph mode (--compile): the model the training loop calls, compiled by the device's graph backend.
+
+``wrap`` asks the device for its compiled model (torch.compile's inductor on CUDA and CPU, torchair on NPU:
+trainer/device/). Compiling happens when the compiled model is first called, so the engine runs its first
+training step through ``Graph.first_step``: that step is timed apart (``compile_seconds``; the FPS warm-up
+leaves it out), and where it fails, the buffers the failed step changed are put back, one ``note:`` says why, and
+the run trains eagerly from the same step on.
+
+Only the training forward and its backward are compiled. The weights stay those of the eager model (checkpoints
+hold its state dict: no ``_orig_mod.`` prefix), and validation calls the eager model.
+"""
+import time
+
+import torch
+
+from trainer.device import out_of_memory
+
+
+class Graph:
+    """The model as the training loop calls it: ``graph(x)``, ``graph.train()``. ``eager``: the model (wrapped in
+    DDP where distributed); ``bare``: the module that holds the weights and buffers."""
+
+    def __init__(self, eager, bare, compiled=None, backend=None, mode=None, requested=False, note=None):
+        self.eager, self.bare, self.compiled = eager, bare, compiled
+        self.current = compiled if compiled is not None else eager
+        self.pending = compiled is not None  # the first call compiles
+        self.backend, self.mode, self.requested, self.note = backend, mode, requested, note
+        self.seconds = None  # compile_seconds: the first step's time
+
+    def __call__(self, *args, **kwargs):
+        return self.current(*args, **kwargs)
+
+    def train(self, mode=True):
+        self.eager.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    @property
+    def status(self):
+        if not self.requested:
+            return "off"
+        return "compiled" if self.compiled is not None else "eager"
+
+    def first_step(self, step, device, log):
+        """``step()`` (the loop's forward, loss and optimizer step; returns what it returns) as the step that
+        compiles: timed from a device synchronisation to the next. Where it fails, the BatchNorm statistics it
+        moved are put back, and ``step()`` runs again, eagerly (the optimizer had not stepped: a failure to compile
+        the backward comes out of ``loss.backward()``)."""
+        self.pending = False
+        if self.compiled is None:
+            return step()
+        saved = [(b, b.detach().clone()) for b in self.bare.buffers()]
+        device.synchronize()
+        t0 = time.time()
+        try:
+            out = step()
+            device.synchronize()
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise
+            with torch.no_grad():
+                for buf, value in saved:
+                    buf.copy_(value)
+            self.current, self.compiled = self.eager, None
+            self.note = "--compile: {} could not compile the model ({}: {}): training eagerly".format(
+                self.backend, type(exc).__name__, _first_line(exc))
+            log("note: " + self.note)
+            return step()
+        self.seconds = time.time() - t0
+        log("=> graph mode: the training step compiled ({}{}) in {:.1f} s (the first step; FPS leaves it out)".format(
+            self.backend, ", mode " + self.mode if self.mode != "default" else "", self.seconds))
+        return out
+
+    def describe(self):
+        """summary.json's ``compile``."""
+        return {"enabled": self.requested, "status": self.status, "backend": self.backend,
+                "mode": self.mode if self.requested else None, "note": self.note}
+
+
+def _first_line(exc):
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else "no message")[:200]
+
+
+def wrap(model, bare, device, section, log):
+    """The Graph the training loop calls: ``model`` itself without --compile (``section``: the model section),
+    else the device's compiled model (eager, with a note, where the device has no graph backend or refuses)."""
+    if not section.compile:
+        return Graph(model, bare)
+    try:
+        compiled, backend, note = device.compile(model, section.compile_mode)
+    except Exception as exc:
+        if out_of_memory(exc):
+            raise
+        compiled, backend, note = model, None, "--compile: torch.compile refused the model ({}: {}): training " \
+                                               "eagerly".format(type(exc).__name__, _first_line(exc))
+    if note:
+        log("note: " + note)
+    if compiled is model:
+        return Graph(model, bare, backend=backend, mode=section.compile_mode, requested=True, note=note)
+    return Graph(model, bare, compiled, backend, section.compile_mode, requested=True, note=note)
