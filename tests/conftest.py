@@ -57,7 +57,14 @@ def tiny_layout(tmp_path_factory):
 
 # Tests that start a job of several ranks (gloo on localhost) share one pytest-xdist worker (make test runs
 # with --dist loadgroup): two such jobs at once could race for the ports each picks free and then binds.
+# They are also marked "ranks" (below), their own lane: make test-ranks.
 RANKS = pytest.mark.xdist_group("ranks")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(m.args == ("ranks",) for m in item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.ranks)
 
 SMALL = ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-j", "0", "-p", "5"]
 

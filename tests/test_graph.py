@@ -13,7 +13,7 @@ from conftest import PY, RANKS, ROOT, SMALL, call, needs_cpu_float16, read_summa
 from trainer import amp as ampmod
 from trainer import graph
 from trainer.config import ModelConfig, PrecisionConfig, parse_config
-from trainer.device import Device
+from trainer.device import Device, host
 from trainer.errors import UsageError
 
 pytestmark = [pytest.mark.graph, pytest.mark.timeout(600),
@@ -60,6 +60,8 @@ def test_compiled_training_equals_eager_and_reports_compile_time_apart(pair):
     assert sc["compile"] == {"enabled": True, "status": "compiled", "backend": "inductor", "mode": "default",
                              "note": None}
     assert sc["compile_seconds"] > 0 and sc["config"]["compile"] is True
+    flags = host._cpuinfo_flags()  # float32: the warning where graph mode measured no faster (no AVX-512)
+    assert ("warning: --compile on a CPU without AVX-512" in proc.stdout) == (bool(flags) and "avx512f" not in flags)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("=> graph mode:")]
     assert len(lines) == 1 and "compiled (inductor) in" in lines[0], lines  # once: the first epoch's first step
     # --fps-warmup-steps 0: the compiling step is still left out of the first epoch's FPS (2 of 3 steps timed)
@@ -181,6 +183,9 @@ def test_compile_mode_needs_compile():
         parse_config(["--dummy", "--compile-mode", "max-autotune"], env={})
     assert parse_config(["--dummy", "--compile", "--compile-mode", "reduce-overhead"], env={}).cfg.model.compile_mode \
         == "reduce-overhead"
+    from trainer import run
+    parsed = parse_config(["--dummy", "--device", "cpu", "--compile", "--evaluate"], env={})
+    assert "--compile applies to training: the evaluation runs eagerly" in run.preflight(parsed.cfg, parsed.given)[1]
 
 
 def _npu_probe(mode, **env):

@@ -43,6 +43,8 @@ def preflight(cfg, given=frozenset(), reader=None):
     notes += more + launch.check_launch(cfg.launch, kind)
     if cfg.model.compile and devmod.compile_missing(kind):
         raise UsageError(devmod.compile_missing(kind))
+    if cfg.model.compile and cfg.run.evaluate:
+        notes += ("--compile applies to training: the evaluation runs eagerly",)
     if cfg.model.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.data.dummy:
