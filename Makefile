@@ -11,14 +11,13 @@ STAMP_COMPAT := $(VENV_COMPAT)/.installed
 # pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
 # marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
-# lanes of their own: the graph-mode tests (--compile; marker "graph": compiling takes a CPU minutes) and, on the
-# pinned stack, the jobs of several ranks (marker "ranks": conftest.RANKS runs them one after another)
+# lanes of their own, on each stack: the jobs of several ranks (marker "ranks": conftest.RANKS runs them one after
+# another) and the graph-mode tests (--compile; marker "graph": compiling takes a CPU minutes)
 MAIN_TESTS   := -m "not graph and not ranks"
 RANKS_TESTS  := -m "ranks and not graph"
-COMPAT_TESTS := -m "not graph"
 GRAPH_TESTS  := -m graph
 
-.PHONY: install install-compat test test-ranks test-compat test-graph test-graph-compat demo lint clean-demo check-device
+.PHONY: install install-compat test test-ranks test-graph test-compat test-ranks-compat test-graph-compat demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -47,10 +46,13 @@ test: install
 test-ranks: install
 	$(PY) -m pytest $(RANKS_TESTS) $(PYTEST_ARGS)
 
-# the whole suite again on torch 2.1.0 (requirements-compat.txt); a test that needs a newer torch skips
-# with its reason (-rs lists them)
+# the whole suite again on torch 2.1.0 (requirements-compat.txt), in the same three lanes; a test that needs a
+# newer torch skips with its reason (-rs lists them)
 test-compat: install-compat
-	$(PY_COMPAT) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+	$(PY_COMPAT) -m pytest $(MAIN_TESTS) $(PYTEST_ARGS)
+
+test-ranks-compat: install-compat
+	$(PY_COMPAT) -m pytest $(RANKS_TESTS) $(PYTEST_ARGS)
 
 # graph mode (--compile): tests/test_graph.py on the pinned stack, then on torch 2.1.0
 test-graph: install

@@ -1,6 +1,7 @@
 """Guards for torch and torchvision APIs newer than torch 1.11 (the Ascend stack), each with its fallback, and
 the versions a run records."""
 import contextlib
+import importlib
 import inspect
 import io
 import logging
@@ -38,7 +39,7 @@ def torch_compile(model, **kwargs):
             logging.getLogger(name).setLevel(logging.ERROR)
         if "torch.utils.cpp_extension" not in sys.modules:  # torch 2.1 prints its CUDA_HOME line when imported
             with contextlib.redirect_stderr(io.StringIO()):
-                import torch.utils.cpp_extension  # noqa: F401
+                importlib.import_module("torch.utils.cpp_extension")
     return torch.compile(model, **kwargs)
 
 
