@@ -98,6 +98,5 @@ def wrap(model, bare, device, section, log):
                                                "eagerly".format(type(exc).__name__, _first_line(exc))
     if note:
         log("note: " + note)
-    if compiled is model:
-        return Graph(model, bare, backend=backend, mode=section.compile_mode, requested=True, note=note)
-    return Graph(model, bare, compiled, backend, section.compile_mode, requested=True, note=note)
+    return Graph(model, bare, None if compiled is model else compiled, backend, section.compile_mode, requested=True,
+                 note=note)

@@ -41,10 +41,12 @@ def preflight(cfg, given=frozenset(), reader=None):
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
     cfg, more = launch.settle_backend(cfg, kind)
     notes += more + launch.check_launch(cfg.launch, kind)
-    if cfg.model.compile and devmod.compile_missing(kind):
-        raise UsageError(devmod.compile_missing(kind))
-    if cfg.model.compile and cfg.run.evaluate:
-        notes += ("--compile applies to training: the evaluation runs eagerly",)
+    if cfg.model.compile:
+        missing = devmod.compile_missing(kind)
+        if missing:
+            raise UsageError(missing)
+        if cfg.run.evaluate:
+            notes += ("--compile applies to training: the evaluation runs eagerly",)
     if cfg.model.sync_bn and not devmod.supports_sync_bn(kind):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.data.dummy:
