@@ -11,7 +11,7 @@ from trainer import cli
 
 def _main(argv):
     from trainer.config import parse_config
-    parsed = parse_config(argv)
+    parsed = parse_config(argv, prog=sys.argv[0])
     if parsed.cfg is None:  # --list-models
         import models
         print("\n".join(models.list_models()))

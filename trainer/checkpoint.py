@@ -191,12 +191,17 @@ def published_weights(arch, model):
     return path
 
 
-def resolve_resume(resume, output_dir):
+def last_name(prefix="checkpoint"):
+    """The last epoch's checkpoint file name (--checkpoint-nameprefix)."""
+    return CHECKPOINT if prefix == "checkpoint" else prefix + ".pth.tar"
+
+
+def resolve_resume(resume, output_dir, prefix="checkpoint"):
     """--resume PATH | auto -> a path, or None (auto with nothing to resume)."""
     if resume is None:
         return None
     if resume == "auto":
-        path = os.path.join(output_dir, CHECKPOINT)
+        path = os.path.join(output_dir, last_name(prefix))
         return path if os.path.isfile(path) else None
     return resume
 
@@ -253,9 +258,10 @@ class CheckpointSaver:
     copied to ``model_best.pth.tar``, both written atomically, and never a state whose weights or
     buffers are not finite (the previous files stay as they were; ``Diverged`` is raised instead)."""
 
-    def __init__(self, out_dir):
-        self.last = os.path.join(out_dir, CHECKPOINT)
+    def __init__(self, out_dir, prefix="checkpoint", freq=0):
+        self.last = os.path.join(out_dir, last_name(prefix))
         self.best = os.path.join(out_dir, BEST)
+        self.out_dir, self.prefix, self.freq = out_dir, prefix, freq  # --checkpoint-nameprefix / -freq
 
     @staticmethod
     def state(epoch, arch, model, num_classes, classes, state_dict, best_acc1, lr_schedule, rng, seed, config,
@@ -281,6 +287,8 @@ class CheckpointSaver:
         save(state, self.last)
         if is_best:
             copy(self.last, self.best)
+        if self.freq and state["epoch"] % self.freq == 0:  # --checkpoint-freq N: a file of its own every N epochs
+            copy(self.last, os.path.join(self.out_dir, "{}_epoch{}.pth.tar".format(self.prefix, state["epoch"])))
 
     def existing(self):
         """{'checkpoint': path, 'best_checkpoint': path} for the files present."""

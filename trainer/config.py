@@ -63,6 +63,8 @@ class OptimConfig(_Section):
     lr_schedule: str = "step"
     warmup_epochs: float = 0.0
     label_smoothing: float = 0.0
+    lr_step_unit: str = "step"  # step | epoch (ModelZoo's entries move the LR once per epoch)
+    warmup_offset: int = 0  # per-epoch warm-up: lr x (epoch+1)/(warmup_epochs+offset); Shufflenetv2's is 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +76,7 @@ class PrecisionConfig(_Section):
     opt_level: str = "O2"
     loss_scale: Optional[float] = None  # None = dynamic
     combine_ddp: bool = False
+    float32_math: Optional[str] = None  # ModelZoo's ALLOW_HF32 ("reduced") / ALLOW_FP32 ("full"); None: the device's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +121,11 @@ class RunConfig(_Section):
     profile_stop: bool = False
     progress: str = "auto"  # auto | bar | lines
     tensorboard_dir: Optional[str] = None  # None: no TensorBoard
+    skip_steps: Optional[int] = None  # ModelZoo's --skip_steps: the Time meter restarts there (and FPS leaves them out)
+    checkpoint_prefix: str = "checkpoint"  # the last epoch's checkpoint file: PREFIX.pth.tar
+    checkpoint_freq: int = 0  # N > 0: also keep PREFIX_epochE.pth.tar every N epochs
+    move_earlier_run: bool = False  # --output-dir not given: an earlier run in it is moved aside (trainer/folders.py)
+    modelzoo: Optional[str] = None  # the ModelZoo entry this run stands in for (its log lines): resnet50 | shufflenetv2
 
 
 SECTIONS = (("data", DataConfig), ("model", ModelConfig), ("optim", OptimConfig), ("precision", PrecisionConfig),
@@ -136,7 +144,8 @@ FLAT_ORDER = """
     zero_init_residual recipe profile_steps profile_stop progress tensorboard_dir launch world_size rank nodes
     node_rank procs_per_node dist_url dist_backend multiprocessing_distributed device_list addr port local_rank
     sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
-    compile compile_mode
+    compile compile_mode lr_step_unit warmup_offset skip_steps checkpoint_prefix checkpoint_freq move_earlier_run
+    modelzoo float32_math
 """.split()
 
 
@@ -198,9 +207,10 @@ class Parsed(NamedTuple):
     given: FrozenSet[str] = frozenset()
 
 
-def parse_config(argv=None, env=None):
-    """Parse and validate into a ``Parsed``; raise UsageError (one line) on bad input."""
-    from trainer import recipes
+def parse_config(argv=None, env=None, prog=None):
+    """Parse and validate into a ``Parsed``; raise UsageError (one line) on bad input. ``prog``: the name the
+    program was started as (``8p_main_med.py`` stands in for ModelZoo's Shufflenetv2 entry: trainer/zoo.py)."""
+    from trainer import recipes, zoo
 
     env = os.environ if env is None else env
     parser = build_parser()
@@ -215,14 +225,78 @@ def parse_config(argv=None, env=None):
         values, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), given)
         parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
         ns = parser.parse_args(argv)
-    cfg, more = validate(ns, env)
+    entry = zoo.entry(ns.modelzoo, ns.recipe, env, prog)
+    if entry is not None:
+        values, note = zoo.defaults(entry, explicit)
+        parser.set_defaults(**values)
+        ns = parser.parse_args(argv)
+        notes = tuple(notes) + ((note,) if note else ())
+    cfg, more = validate(ns, env, explicit, entry)
     return Parsed(cfg, tuple(notes) + more, frozenset(explicit))
 
 
-def validate(ns, env):
-    """(Config, notes) from parsed flags."""
+def _modelzoo_flags(ns, explicit):
+    """ModelZoo's flags folded into ours (trainer/zoo.py): (warm-up epochs, step unit, offset, schedule), FPS
+    warm-up steps, output folder, device list."""
+    from trainer import zoo
+    warm = zoo.warmup(ns, explicit) or (ns.warmup_epochs, ns.lr_step_unit, 0, ns.lr_schedule)
+    if ns.mz_benchmark == 1:
+        raise UsageError("--benchmark 1 (8p_main_med.py's gradient accumulation to 2048 images per optimizer step) "
+                         "is not supported: pass the batch you want with -b (global), or --benchmark 0")
+    fps_warmup = ns.fps_warmup_steps
+    if ns.skip_steps is not None:
+        if "fps_warmup_steps" in explicit and ns.fps_warmup_steps != ns.skip_steps:
+            raise UsageError("--skip_steps {} and --fps-warmup-steps {} disagree: give one".format(
+                ns.skip_steps, ns.fps_warmup_steps))
+        fps_warmup = ns.skip_steps
+    output_dir = ns.output_dir
+    if ns.workspace is not None:
+        if "output_dir" in explicit and os.path.abspath(ns.output_dir) != os.path.abspath(ns.workspace):
+            raise UsageError("--workspace '{}' and --output-dir '{}' disagree: give one".format(
+                ns.workspace, ns.output_dir))
+        output_dir = ns.workspace
+    if not ns.checkpoint_prefix or os.sep in ns.checkpoint_prefix or ns.checkpoint_prefix in (".", ".."):
+        raise UsageError("--checkpoint-nameprefix must be a file name without a folder, got '{}'".format(
+            ns.checkpoint_prefix))
+    device_list = ns.device_list
+    if ns.device_num is not None:
+        if device_list is not None and len(device_list) != ns.device_num:
+            raise UsageError("--device_num {} but --device-list {} names {} device(s): give one, or make them "
+                             "agree".format(ns.device_num, ",".join(map(str, device_list)), len(device_list)))
+        if device_list is None and ns.multiprocessing_distributed:
+            device_list = tuple(range(ns.device_num))
+    return warm, fps_warmup, output_dir, device_list
+
+
+def _set(env, name):
+    return env.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _float32_env(env, amp):
+    """ModelZoo's ALLOW_HF32 / ALLOW_FP32 (exported by its scripts' --hf32 / --fp32): float32 training, with the
+    device's reduced-precision float32 path allowed (HF32) or not (FP32), as their main.py does.
+    Returns (float32_math, amp, notes)."""
+    hf32, fp32 = _set(env, "ALLOW_HF32"), _set(env, "ALLOW_FP32")
+    if hf32 and fp32:
+        raise UsageError("ALLOW_FP32 and ALLOW_HF32 cannot be set at the same time: unset one")
+    if not (hf32 or fp32):
+        return None, amp, ()
+    name = "ALLOW_HF32" if hf32 else "ALLOW_FP32"
+    notes = ("{} is set: float32 training as ModelZoo's main.py does, --amp ignored".format(name),) if amp else ()
+    return ("reduced" if hf32 else "full"), False, notes
+
+
+def validate(ns, env, explicit=frozenset(), entry=None):
+    """(Config, notes) from parsed flags (``explicit``: the dests the command line gave; ``entry``: the ModelZoo
+    entry the run stands in for)."""
     import models
     notes = ()
+    (warmup_epochs, lr_step_unit, warmup_offset, lr_schedule), fps_warmup, output_dir, ns.device_list = \
+        _modelzoo_flags(ns, explicit)
+    if ns.device_num is not None and env.get("RANK_SIZE") and ns.multiprocessing_distributed:
+        if env["RANK_SIZE"].strip() != str(ns.device_num):
+            raise UsageError("--device_num {} but RANK_SIZE={}: the devices per node must agree".format(
+                ns.device_num, env["RANK_SIZE"]))
     if ns.pretrained not in (None, PUBLISHED) and os.path.isdir(ns.pretrained) and not ns.data:
         # pytorch/examples' `main.py --pretrained DIR`: there --pretrained takes no value, so the folder is DIR
         ns.data, ns.pretrained = ns.pretrained, PUBLISHED
@@ -243,8 +317,8 @@ def validate(ns, env):
         raise UsageError("--crop-scale-min must be in (0, 1], got {}".format(ns.crop_scale_min))
     if ns.label_smoothing >= 1.0:
         raise UsageError("--label-smoothing must be below 1, got {}".format(ns.label_smoothing))
-    if ns.warmup_epochs > ns.epochs:
-        raise UsageError("--warmup-epochs {} exceeds --epochs {}".format(ns.warmup_epochs, ns.epochs))
+    if warmup_epochs > ns.epochs and lr_step_unit != "epoch":  # ModelZoo's per-epoch warm-up may outlast a short run
+        raise UsageError("--warmup-epochs {:g} exceeds --epochs {}".format(warmup_epochs, ns.epochs))
     if ns.start_epoch >= ns.epochs and not ns.evaluate:
         raise UsageError("--start-epoch {} leaves nothing to train with --epochs {}".format(ns.start_epoch, ns.epochs))
     if ns.amp_impl == "apex" and not ns.amp:
@@ -276,6 +350,8 @@ def validate(ns, env):
     from trainer import launch as placement
     dist = placement.resolve_launch(ns, env)
     notes = notes + dist["notes"]
+    float32_math, amp, more = _float32_env(env, ns.amp)
+    notes = notes + more
     return Config(
         data=DataConfig(root=data, dummy=ns.dummy, workers=ns.workers, train_crop_size=ns.train_crop_size,
                         crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
@@ -286,10 +362,10 @@ def validate(ns, env):
                           zero_init_residual=ns.zero_init_residual, channels_last=ns.channels_last, sync_bn=ns.sync_bn,
                           compile=ns.compile, compile_mode=ns.compile_mode),
         optim=OptimConfig(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
-                          lr_schedule=ns.lr_schedule, warmup_epochs=ns.warmup_epochs,
-                          label_smoothing=ns.label_smoothing),
-        precision=PrecisionConfig(amp=ns.amp, amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype, opt_level=ns.opt_level,
-                                  loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp),
+                          lr_schedule=lr_schedule, warmup_epochs=warmup_epochs,
+                          label_smoothing=ns.label_smoothing, lr_step_unit=lr_step_unit, warmup_offset=warmup_offset),
+        precision=PrecisionConfig(amp=amp, float32_math=float32_math, amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype,
+                                  opt_level=ns.opt_level, loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp),
         launch=LaunchConfig(device=canonical_kind(ns.device), device_index=ns.gpu, mode=dist["launch"],
                             world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
                             node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"],
@@ -299,9 +375,12 @@ def validate(ns, env):
                             broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout)),
         run=RunConfig(epochs=ns.epochs, start_epoch=ns.start_epoch, batch_size=ns.batch_size,
                       print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, seed=ns.seed,
-                      output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
-                      max_steps_per_epoch=ns.max_steps_per_epoch, fps_warmup_steps=ns.fps_warmup_steps,
+                      output_dir=output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
+                      max_steps_per_epoch=ns.max_steps_per_epoch, fps_warmup_steps=fps_warmup,
                       recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
                       progress=ns.progress, tensorboard_dir=(ns.tensorboard_dir or os.path.join(
-                          ns.output_dir, "tensorboard")) if ns.tensorboard else None),
+                          output_dir, "tensorboard")) if ns.tensorboard else None,
+                      skip_steps=ns.skip_steps, checkpoint_prefix=ns.checkpoint_prefix,
+                      checkpoint_freq=ns.checkpoint_freq, modelzoo=entry,
+                      move_earlier_run=not ({"output_dir", "workspace"} & set(explicit)) and ns.resume is None),
     ), notes

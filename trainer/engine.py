@@ -28,6 +28,8 @@ class Engine:
         self.profiler = profiler
         self.recorder = recorder if recorder is not None else observe.Silent()
         self.stop_requested = False
+        self.zoo = metrics.ZooLines(cfg.run.modelzoo, device.index)  # the lines ModelZoo's scripts grep
+        self.first_steps = None  # the wall times of the run's first steps (timed in the first epoch trained)
 
     def autocast(self):
         return self.device.autocast(self.precision.dtype if self.precision.impl == "native" else None)
@@ -47,12 +49,13 @@ class Engine:
             loader.sampler.set_epoch(epoch)
         batch = None
         sums, guard, optimizer, rec = metrics.Sums(dev), Guard(dev), self.step.optimizer, self.recorder
-        meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch))
+        meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch), restart_at=cfg.run.skip_steps)
         compiling = getattr(self.model, "pending", False)  # --compile: this epoch's first step compiles
         warm = cfg.run.fps_warmup_steps
         if compiling and not 0 < warm < steps:
             warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
-        clock = metrics.StepClock(dev, steps, warm)
+        clock = metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0)
+        step_losses = []
         rec.start_epoch(epoch, steps)
         for i, (images, target) in clock.batches(loader, steps):
             batch = images.shape[0]
@@ -71,12 +74,15 @@ class Engine:
                 if self.profiler.stop_run:
                     self.stop_requested = True
             clock.stepped(i)
+            if i < 2 and self.zoo.first_steps and len(clock.first_seconds) == i + 1:
+                self.log(self.zoo.step_times(clock.first_seconds[i:])[0])
             if i % cfg.run.print_freq == 0 or i == steps - 1 or self.stop_requested:
                 interval, running, live = sums.read(self._reduce, self.step.live_scalars())  # syncs the device
                 span = clock.span(i)
                 meters.update(span, interval, running)
+                step_losses.append((epoch * steps + i + 1, interval["loss"]))
                 if not rec.bar:
-                    self.log(meters.line(i + 1))
+                    self.log(self.zoo.prefix + meters.line(i + 1))
                 rec.train_point(epoch * steps + i + 1, dict(
                     live, loss=interval["loss"], acc1=interval["acc1"], acc5=interval["acc5"],
                     epoch_loss=running["loss"], epoch_acc1=running["acc1"],
@@ -93,11 +99,17 @@ class Engine:
         _, running = sums.read(self._reduce)
         self._check(guard, epoch)
         global_batch = (batch or 0) * self.dist.world_size
-        return metrics.TrainStats(
+        if self.first_steps is None:
+            self.first_steps = tuple(clock.first_seconds)
+        stats = metrics.TrainStats(
             steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
             fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
             data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
-            acc5=running["acc5"], images=running["count"])
+            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses),
+            first_seconds=tuple(clock.first_seconds))
+        for line in self.zoo.trained(stats):
+            self.log(line)
+        return stats
 
     def _step(self, x, y):
         """Forward, loss, backward and the optimizer step: (output, loss, the step's skipped flag)."""
@@ -132,9 +144,11 @@ class Engine:
                 interval, running = sums.read(self._reduce)
                 meters.update(clock.span(i), interval, running)
                 if not rec.bar:
-                    self.log(meters.line(i + 1))
+                    self.log(self.zoo.prefix + meters.line(i + 1))
         rec.end_phase()
         _, running = sums.read(self._reduce)
         self.log(metrics.summary_line(running["acc1"], running["acc5"]))
+        for line in self.zoo.validated(running["acc1"], running["acc5"]):
+            self.log(line)
         return metrics.EvalStats(acc1=running["acc1"], acc5=running["acc5"], loss=running["loss"],
                                  images=running["count"])

@@ -11,6 +11,7 @@ from trainer.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
 OPT_LEVELS = ("O1", "O2")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes
+MODELZOO_ENTRIES = ("auto", "off", "resnet50", "shufflenetv2")  # --modelzoo
 PUBLISHED = "\0published"  # --pretrained given without FILE (argparse's const; no path can hold a NUL)
 
 
@@ -145,6 +146,10 @@ def build_parser():
                    help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step")
     t.add_argument("--warmup-epochs", type=number(float, 0.0), default=0.0,
                    help="linear LR warm-up, in epochs (fractions allowed)")
+    t.add_argument("--lr-step-unit", choices=("step", "epoch"), default="step",
+                   help="step: warm-up and cosine move every step (torchvision's references); epoch: once per "
+                        "epoch, as Ascend ModelZoo's ResNet50 and ShuffleNetV2 entries do (set by --warmup and "
+                        "--warm_up_epochs)")
     t.add_argument("--train-crop-size", type=number(int, 1), default=224)
     t.add_argument("--crop-scale-min", type=number(float, 0.0), default=0.08,
                    help="smallest area fraction RandomResizedCrop takes (torchvision: 0.08)")
@@ -157,8 +162,10 @@ def build_parser():
 
     o = p.add_argument_group("run control and outputs")
     o.add_argument("--output-dir", default=".", metavar="DIR",
-                   help="checkpoints and summary.json go here")
-    o.add_argument("--eval-freq", type=number(int, 1), default=1,
+                   help="checkpoints and summary.json go here; when not given and the current folder holds an "
+                        "earlier run (ModelZoo's performance then full script), that run is moved to "
+                        "previous_runs/STAMP/ first, with a note")
+    o.add_argument("--eval-freq", "-ef", type=number(int, 1), default=1,
                    help="validate every N epochs (and always after the last)")
     o.add_argument("--no-validate", dest="validate", action="store_false",
                    help="skip validation (performance runs); no Acc@1, no model_best")
@@ -178,6 +185,35 @@ def build_parser():
     o.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                    help="write no TensorBoard event files")
     o.add_argument("--list-models", action="store_true", help="print the model names and exit")
+
+    z = p.add_argument_group(
+        "Ascend ModelZoo flags",
+        "the flags of ModelZoo's ResNet50_ID4149 main.py and Shufflenetv2 8p_main_med.py, with their meaning")
+    z.add_argument("--modelzoo", choices=MODELZOO_ENTRIES, default="auto",
+                   help="which ModelZoo entry this run stands in for: its parser's defaults (resnet50: label "
+                        "smoothing 0.1, 8 warm-up epochs, cosine per epoch, loss scale 1024; shufflenetv2: cosine "
+                        "per epoch, --eval-freq 5, loss scale 64) and its log lines; flags given win. auto: under a "
+                        "ModelZoo script (RANK_SIZE set) without --recipe, shufflenetv2 when started as "
+                        "8p_main_med.py, else resnet50; off everywhere else (pytorch/examples' defaults)")
+    z.add_argument("--warmup", dest="mz_warmup", type=number(int, 0), default=None, metavar="E",
+                   help="ResNet50_ID4149: E warm-up epochs, lr x (epoch+1)/E in epoch `epoch`, then cosine per epoch")
+    z.add_argument("--warm_up_epochs", dest="mz_warm_up_epochs", type=number(int, 0), default=None, metavar="N",
+                   help="Shufflenetv2: N warm-up epochs, lr x (epoch+1)/(N+1), then cosine per epoch")
+    z.add_argument("--skip_steps", dest="skip_steps", type=number(int, 0), default=None, metavar="N",
+                   help="the first N steps of each epoch are left out of the step time and FPS (the Time average "
+                        "of the progress lines restarts at step N, as ModelZoo's performance scripts read it)")
+    z.add_argument("-bm", "--benchmark", dest="mz_benchmark", type=int, choices=(0, 1), default=0,
+                   help="Shufflenetv2's switch: 0 trains normally; 1 (gradient accumulation to 2048 images) is "
+                        "refused: give the batch with -b")
+    z.add_argument("--device_num", dest="device_num", type=number(int, 1), default=None, metavar="N",
+                   help="devices per node (Shufflenetv2); checked against --device-list and RANK_SIZE")
+    z.add_argument("--workspace", dest="workspace", default=None, metavar="DIR",
+                   help="Shufflenetv2: where checkpoints are stored (the same as --output-dir)")
+    z.add_argument("--checkpoint-nameprefix", dest="checkpoint_prefix", default="checkpoint", metavar="NAME",
+                   help="the last epoch's checkpoint is NAME.pth.tar (model_best.pth.tar keeps its name)")
+    z.add_argument("--checkpoint-freq", dest="checkpoint_freq", type=number(int, 0), default=0, metavar="N",
+                   help="0: one checkpoint file, rewritten each epoch; N: also keep NAME_epochE.pth.tar every N "
+                        "epochs")
 
     m = p.add_argument_group("distributed")
     m.add_argument("--world-size", type=int, default=-1,

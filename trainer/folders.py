@@ -9,11 +9,12 @@ node's local rank 0 looks for it in its own --output-dir. A node that finds it s
 its folder's lock and writes the same checkpoints and summary there. Every rank then resumes from the
 same epoch, or the job stops with one line before training (``check_same_epoch``).
 """
+import glob
 import os
 import secrets
 import time
 
-from trainer import checkpoint, lock, summary
+from trainer import checkpoint, lock, observe, summary
 from trainer.errors import UsageError
 
 RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
@@ -39,19 +40,49 @@ def take_folder(cfg):
     """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
     without one. Returns (lock, notes: one when a stale lock was taken over)."""
     held_lock = lock.RunLock(cfg.run.output_dir).acquire()
+    notes = ()
     try:
         if cfg.run.resume is None:
-            held = [f for f in RUN_FILES if os.path.exists(os.path.join(cfg.run.output_dir, f))]
-            if held:
+            names = RUN_FILES + (checkpoint.last_name(cfg.run.checkpoint_prefix),)
+            held = [f for f in sorted(set(names)) if os.path.exists(os.path.join(cfg.run.output_dir, f))]
+            if held and cfg.run.move_earlier_run:
+                notes += (move_earlier_run(cfg.run.output_dir, cfg.run.checkpoint_prefix),)
+            elif held:
                 raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
                                  "or choose another --output-dir".format(cfg.run.output_dir, ", ".join(held)))
     except BaseException:
         held_lock.release()
         raise
-    notes = ()
     if held_lock.taken_over:
-        notes = ("took over the lock of {}, which is no longer running".format(held_lock.taken_over),)
+        notes += ("took over the lock of {}, which is no longer running".format(held_lock.taken_over),)
     return held_lock, notes
+
+
+EARLIER = "previous_runs"  # where a new run in the default --output-dir moves the run it finds there
+
+
+def move_earlier_run(folder, prefix="checkpoint"):
+    """Move the files of the run in ``folder`` (checkpoints, summaries, metrics, TensorBoard, traces) into
+    ``folder/previous_runs/STAMP/``; returns the note saying so. ModelZoo's scripts run their entry twice in the same
+    folder (the performance script, then the full one): the second run must neither fail nor overwrite the first."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, n = os.path.join(folder, EARLIER, stamp), 1
+    while os.path.exists(dest):
+        dest, n = os.path.join(folder, EARLIER, "{}-{}".format(stamp, n)), n + 1
+    names = set(RUN_FILES + (checkpoint.last_name(prefix), observe.METRICS, summary.EVAL_SUMMARY, "tensorboard"))
+    paths = [os.path.join(folder, f) for f in names]
+    paths += glob.glob(os.path.join(folder, "profile_rank*")) + glob.glob(os.path.join(folder, "*_epoch*.pth.tar"))
+    moved = []
+    os.makedirs(dest)
+    for path in sorted(p for p in set(paths) if os.path.exists(p)):
+        try:
+            os.rename(path, os.path.join(dest, os.path.basename(path)))
+        except OSError as exc:
+            raise UsageError("cannot move the earlier run's {} aside into '{}' ({}): pass --output-dir DIR for the "
+                             "new run".format(path, dest, exc.strerror or exc))
+        moved.append(os.path.basename(path))
+    return "--output-dir '{}' held an earlier run: {} moved to {} (--output-dir DIR to write elsewhere)".format(
+        folder, ", ".join(moved), dest)
 
 
 def _sees(path):

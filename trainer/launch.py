@@ -71,10 +71,10 @@ def _place(ns, env):
            "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": ()}
     spawn = ns.multiprocessing_distributed
     if spawn and (torchrun or shell_loop):  # the guide's launch.py line passes it: the launcher's job
-        spawn = False
-        out["notes"] = ("--multiprocessing-distributed is ignored under {}: the launcher already started one "
-                        "process per device".format("torchrun / torch.distributed.launch" if torchrun
-                                                     else "RANK_SIZE/RANK_ID"),)
+        spawn = False  # (in a ModelZoo loop it still says that --world-size / --rank count nodes: _modelzoo_loop)
+        if torchrun:
+            out["notes"] = ("--multiprocessing-distributed is ignored under torchrun / torch.distributed.launch: "
+                            "the launcher already started one process per device",)
     if spawn:
         nodes = ns.world_size if ns.world_size > 0 else 1
         node_rank = ns.rank if ns.rank >= 0 else 0
@@ -104,10 +104,7 @@ def _place(ns, env):
             world, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
             per_node = _env_int(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world
         else:
-            world = _env_int(env, "RANK_SIZE")
-            rank = _env_int(env, "RANK") if env.get("RANK") else (
-                _env_int(env, "RANK_ID") if env.get("RANK_ID") else 0)
-            per_node = world
+            world, rank, local_rank, per_node = _modelzoo_loop(ns, env, local_rank)
         if local_rank is None:
             local_rank = _env_int(env, "RANK_ID") if env.get("RANK_ID") else rank % per_node
         if world < 1 or not 0 <= rank < world:
@@ -116,6 +113,7 @@ def _place(ns, env):
         out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
                    local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
                    node_rank=rank // per_node)
+        _check_gpu(ns, out)
     elif env_world is not None and env_world > 1 and ns.rank < 0:
         if local_rank is None:
             raise UsageError("WORLD_SIZE={} is set but nothing says which process this is: export RANK (and "
@@ -139,9 +137,50 @@ def _place(ns, env):
                    nodes=world, node_rank=ns.rank)
     else:
         out.update(launch="single", world_size=1, rank=0, local_rank=local_rank if local_rank is not None else 0)
-    if out["launch"] != "single" and ns.gpu is not None:
+    if out["launch"] != "single" and ns.gpu is not None and not (torchrun or shell_loop):
         raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
     return out
+
+
+def _modelzoo_loop(ns, env, local_rank):
+    """(world, rank, local rank, processes per node) of one process of a ModelZoo shell loop: RANK_SIZE processes
+    per node, this one's index RANK_ID (else --local_rank / LOCAL_RANK, else ResNet50_ID4149's --gpu). With
+    --multiprocessing-distributed, --world-size counts nodes and --rank is this node's (ModelZoo's cluster
+    script: rank = node rank x RANK_SIZE + index), as in their main.py."""
+    per_node = _env_int(env, "RANK_SIZE")
+    if env.get("RANK_ID"):
+        index = _env_int(env, "RANK_ID")
+    elif local_rank is not None:
+        index = local_rank
+    else:
+        index = ns.gpu if ns.gpu is not None else 0
+    nodes, node = 1, 0
+    if ns.multiprocessing_distributed:
+        nodes = ns.world_size if ns.world_size > 0 else 1
+        node = ns.rank if ns.rank >= 0 else 0
+        if node >= nodes:
+            raise UsageError("--rank {} (node rank) must be below --world-size {} (nodes)".format(node, nodes))
+    if env.get("RANK"):
+        rank = _env_int(env, "RANK")
+    else:
+        if not 0 <= index < max(per_node, 1):
+            raise UsageError("RANK_ID {} is outside a world of {} processes per node (RANK_SIZE={}: RANK_ID "
+                             "0..{})".format(index, per_node, per_node, per_node - 1))
+        rank = node * per_node + index
+    return per_node * nodes, rank, local_rank if local_rank is not None else index, per_node
+
+
+def _check_gpu(ns, out):
+    """--gpu N in a ModelZoo loop or under torchrun (ResNet50_ID4149's scripts pass --gpu ${RANK_ID}) names this
+    process's device: it must be the one its place gives (its --device-list slot, or its local rank)."""
+    if ns.gpu is None or out["launch"] == "single":
+        return
+    slot = out["local_rank"] or 0
+    own = ns.device_list[slot] if ns.device_list and slot < len(ns.device_list) else slot
+    if ns.gpu != own:
+        raise UsageError("--gpu {} contradicts this process's place: local rank {} uses device {}{} (drop --gpu, "
+                         "or pass the rank's own index)".format(ns.gpu, slot, own,
+                                                                " of --device-list" if ns.device_list else ""))
 
 
 def settle_backend(cfg, kind):

@@ -23,6 +23,10 @@ class AverageMeter:
         self.val = self.avg = self.sum = 0.0
         self.count = 0
 
+    def reset(self):
+        self.val = self.avg = self.sum = 0.0
+        self.count = 0
+
     def update(self, val, n=1):
         self.val = val
         self.sum += val * n
@@ -49,7 +53,8 @@ class LoopMeters:
     """pytorch/examples' meters of one loop and its progress line: Time, Data (training only), Loss, Acc@1,
     Acc@5, updated at each print step from a ``StepClock`` interval and ``Sums.read``'s values."""
 
-    def __init__(self, steps, prefix, data=True):
+    def __init__(self, steps, prefix, data=True, restart_at=None):
+        self.restart_at = restart_at  # ModelZoo's --skip_steps: the Time average restarts at that step
         self.batch_time = AverageMeter("Time", ":6.3f")
         self.data_time = AverageMeter("Data", ":6.3f") if data else None
         self.losses = AverageMeter("Loss", ":.4e")
@@ -60,7 +65,13 @@ class LoopMeters:
 
     def update(self, span, interval, running):
         """``span``: a StepClock.Span; ``interval`` / ``running``: Sums.read's values."""
-        self.batch_time.update(span.seconds / span.steps, span.steps)
+        if self.restart_at is not None and span.after is not None:
+            self.batch_time.reset()
+            steps, seconds = span.after
+            if steps:
+                self.batch_time.update(seconds / steps, steps)
+        else:
+            self.batch_time.update(span.seconds / span.steps, span.steps)
         if self.data_time is not None:
             self.data_time.update(span.waited / span.steps, span.steps)
         for meter, key in ((self.losses, "loss"), (self.top1, "acc1"), (self.top5, "acc5")):
@@ -73,8 +84,9 @@ class LoopMeters:
 class Span:
     """The steps between two print points: how many, their wall time, and the part spent waiting for data."""
 
-    def __init__(self, steps, seconds, waited):
+    def __init__(self, steps, seconds, waited, after=None):
         self.steps, self.seconds, self.waited = steps, seconds, waited
+        self.after = after  # (steps, seconds) from the FPS window's start, when it opened within this span
 
 
 class StepClock:
@@ -83,24 +95,30 @@ class StepClock:
     marks the end of the FPS warm-up (``warmup`` steps, after a device synchronisation); ``span`` gives the
     interval since the previous print point; ``finish`` the epoch's timings."""
 
-    def __init__(self, device, steps, warmup=0):
+    def __init__(self, device, steps, warmup=0, first=0):
         self.device = device
         self.warm = warmup if steps > warmup else 0
         device.synchronize()
-        self.t_epoch = self.t_mark = time.time()
+        self.t_epoch = self.t_mark = self.t_step = time.time()
         self.t_fps = self.t_epoch if self.warm == 0 else None
         self.waited = self.wait_mark = 0.0
         self.last = 0
+        self.first = first  # time the first steps one by one (a synchronisation after each): ``first_seconds``
+        self.first_seconds = []
 
     def batches(self, loader, steps):
         it = iter(loader)
         for i in range(steps):
             t0 = time.time()
             batch = next(it)
-            self.waited += time.time() - t0
+            self.t_step = time.time()
+            self.waited += self.t_step - t0
             yield i, batch
 
     def stepped(self, i):
+        if i < self.first:
+            self.device.synchronize()
+            self.first_seconds.append(time.time() - self.t_step)
         if i + 1 == self.warm:
             self.device.synchronize()
             self.t_fps = time.time()
@@ -108,7 +126,10 @@ class StepClock:
     def span(self, i):
         """The Span from the previous print point to the end of step ``i`` (the caller synchronised)."""
         now = time.time()
-        span = Span(i + 1 - self.last, max(now - self.t_mark, 1e-9), self.waited - self.wait_mark)
+        after = None
+        if self.warm and self.last <= self.warm < i + 1 and self.t_fps is not None:
+            after = (i + 1 - self.warm, max(now - self.t_fps, 1e-9))
+        span = Span(i + 1 - self.last, max(now - self.t_mark, 1e-9), self.waited - self.wait_mark, after)
         self.t_mark, self.wait_mark, self.last = now, self.waited, i + 1
         return span
 
@@ -132,6 +153,13 @@ class TrainStats:
     acc1: float
     acc5: float
     images: int
+    step_losses: tuple = ()  # (global step, the training loss of the printed interval ending there), per print
+    first_seconds: tuple = ()  # the wall time of the epoch's first steps, where they were timed one by one
+
+    @property
+    def last_loss(self):
+        """The loss of the last printed interval (the value on the epoch's last Epoch line), as ModelZoo reads it."""
+        return self.step_losses[-1][1] if self.step_losses else None
 
 
 class RunTotals:
@@ -174,6 +202,35 @@ class EvalStats:
 
 def summary_line(acc1, acc5):
     return " *   Acc@1 {:.3f} Acc@5 {:.3f}".format(acc1, acc5)
+
+
+class ZooLines:
+    """The lines Ascend ModelZoo's scripts grep, beside pytorch/examples' (``--modelzoo``, trainer/zoo.py):
+
+    resnet50      ``step_time = 0.1234`` after each of the first two steps (their CompileTime)
+    shufflenetv2  every progress line prefixed ``[npu id: N ] `` (N: the device index), and after each training
+                  epoch ``[npu id: N ] * FPS@all 1234.567, TIME@all 0.123`` (global images/s, step seconds), after
+                  each validation ``[npu id: N ] [AVG-ACC] * Acc@1 65.158 Acc@5 85.944`` (8p_main_med.py's)
+    """
+
+    def __init__(self, entry, device_index):
+        self.entry = entry
+        self.prefix = "[npu id: {} ] ".format(device_index or 0) if entry == "shufflenetv2" else ""
+        self.first_steps = 2 if entry == "resnet50" else 0
+
+    def step_times(self, seconds):
+        return ["step_time = {:.4f}".format(s) for s in seconds] if self.entry == "resnet50" else []
+
+    def trained(self, stats):
+        if self.entry != "shufflenetv2" or stats.fps is None or not stats.timed_steps:
+            return []
+        return ["{}* FPS@all {:.3f}, TIME@all {:.3f}".format(self.prefix, stats.fps,
+                                                             stats.timed_seconds / stats.timed_steps)]
+
+    def validated(self, acc1, acc5):
+        if self.entry != "shufflenetv2":
+            return []
+        return ["{}[AVG-ACC] * Acc@1 {:.3f} Acc@5 {:.3f}".format(self.prefix, acc1, acc5)]
 
 
 def correct_counts(output, target, mask=None):

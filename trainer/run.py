@@ -20,7 +20,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary
+from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary, zoo
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -55,7 +55,7 @@ def preflight(cfg, given=frozenset(), reader=None):
         cfg = cfg.replace(pretrained=checkpoint.published_weights(cfg.model.arch, cfg.model.name))
     if cfg.model.pretrained is not None:
         reader.read(cfg.model.pretrained, "weights file")
-    resume = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir)
+    resume = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir, cfg.run.checkpoint_prefix)
     if resume is not None:
         if cfg.run.evaluate:
             checkpoint.state_dict_of(reader.read(resume), resume)
@@ -98,6 +98,8 @@ def worker(cfg, reader=None, notes=()):
         return cli.report(exc)
     log = metrics.Logger(dist.rank)
     rs, node_lock = None, None
+    if cfg.precision.float32_math is not None:  # ModelZoo's ALLOW_HF32 / ALLOW_FP32
+        notes = tuple(notes) + (device.set_float32_math(cfg.precision.float32_math),)
     try:
         writes, node_lock, more = folders.node_writer(cfg, dist, device, log)
         notes = tuple(notes) + more
@@ -217,7 +219,7 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
         workers = devmod.default_workers(device.kind, procs)
     else:
         workers = int(math.ceil(cfg.data.workers / float(procs)))
-    resume_path = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir)
+    resume_path = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir, cfg.run.checkpoint_prefix)
     resume = None
     if resume_path is not None and not cfg.run.evaluate:
         resume = checkpoint.read_training(resume_path, cfg.model.arch, reader)
@@ -280,14 +282,17 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
     steps = len(train_loader)
     if cfg.run.max_steps_per_epoch:
         steps = min(steps, cfg.run.max_steps_per_epoch)
-    schedule = Schedule(cfg.optim.lr, cfg.optim.lr_schedule, cfg.run.epochs, cfg.optim.warmup_epochs, steps)
+    schedule = Schedule(cfg.optim.lr, cfg.optim.lr_schedule, cfg.run.epochs, cfg.optim.warmup_epochs, steps,
+                        cfg.optim.lr_step_unit, cfg.optim.warmup_offset)
+    zoo.check_skip_steps(cfg.run.skip_steps, steps)
     profiler = None
     if cfg.run.profile_steps is not None:
         from trainer.profiling import StepProfiler
         profiler = StepProfiler(cfg.run.profile_steps, cfg.run.profile_stop, device, cfg.run.output_dir, dist.rank, log)
     return Job(model=model, model_for_eval=model_for_eval, criterion=criterion, step=step, start_epoch=start_epoch,
                best_acc1=best_acc1, steps=steps, schedule=schedule, profiler=profiler,
-               saver=checkpoint.CheckpointSaver(cfg.run.output_dir), **parts)
+               saver=checkpoint.CheckpointSaver(cfg.run.output_dir, cfg.run.checkpoint_prefix,
+                                                cfg.run.checkpoint_freq), **parts)
 
 
 def build_model(cfg, num_classes, device, world, log=None, reader=None):
@@ -375,6 +380,7 @@ def _train(job, rec):
         if rs is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
             job.saver.save(_checkpoint_state(job, done, best_acc1), is_best)
             _record(job, totals, epochs_completed=done, train_acc1=tr.acc1, final_loss=tr.loss,
+                    last_loss=tr.last_loss, first_steps_seconds=list(engine.first_steps or ()),
                     best_acc1=best_acc1, last_val=last_val, **job.saver.existing())
             rs.write()
             rec.epoch_record({
@@ -384,6 +390,7 @@ def _train(job, rec):
                 "lr": job.schedule(epoch, tr.steps - 1), "images_per_second": tr.fps, "fps_steps": tr.timed_steps,
                 "data_wait_fraction": tr.data_wait_seconds / tr.seconds if tr.seconds else None,
                 "overflow_steps": overflow, "seconds": tr.seconds, "arch": cfg.model.arch, "device": job.device.name,
+                "step_losses": [list(p) for p in tr.step_losses],
                 "world_size": dist.world_size, "amp": _amp_label(job.precision)})
         dist.barrier()
         if engine.stop_requested:

@@ -6,17 +6,24 @@ Warm-up (``--warmup-epochs``, fractions allowed) ramps linearly per step from lr
 to lr. Because the LR is computed, not stored, a resumed run continues with exactly
 the LR the schedule gives at that point: the command line's --lr/--lr-schedule/
 --warmup-epochs/--epochs win over the values saved in the checkpoint.
+
+``unit="epoch"`` (--lr-step-unit epoch; Ascend ModelZoo's entries, trainer/zoo.py): the LR moves once per epoch,
+as their main.py files set it: warm-up lr x (e+1)/(W+offset) in epoch e < W (ResNet50_ID4149: offset 0;
+Shufflenetv2: 1), then cosine 0.5 x lr x (1 + cos(pi (e-W)/(E-W))), or the step rule.
 """
 import math
 
 
 class Schedule:
-    def __init__(self, lr, kind, epochs, warmup_epochs, steps_per_epoch):
+    def __init__(self, lr, kind, epochs, warmup_epochs, steps_per_epoch, unit="step", warmup_offset=0):
         self.lr, self.kind, self.epochs = lr, kind, epochs
         self.warmup_epochs = warmup_epochs
         self.steps_per_epoch = max(1, steps_per_epoch)
+        self.unit, self.warmup_offset = unit, warmup_offset
 
     def __call__(self, epoch, step):
+        if self.unit == "epoch":
+            return self._per_epoch(epoch)
         spe = self.steps_per_epoch
         t = epoch * spe + step  # global step index
         warm = int(round(self.warmup_epochs * spe))
@@ -28,9 +35,19 @@ class Schedule:
         progress = (t - warm) / float(max(1, total - warm))
         return 0.5 * self.lr * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
+    def _per_epoch(self, epoch):
+        warm = self.warmup_epochs
+        if epoch < warm:
+            return self.lr * (epoch + 1) / (warm + self.warmup_offset)
+        if self.kind == "step":
+            return self.lr * (0.1 ** (epoch // 30))
+        progress = (epoch - warm) / float(max(1e-9, self.epochs - warm))
+        return 0.5 * self.lr * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
     def state_dict(self):
         return {"lr": self.lr, "kind": self.kind, "epochs": self.epochs,
-                "warmup_epochs": self.warmup_epochs, "steps_per_epoch": self.steps_per_epoch}
+                "warmup_epochs": self.warmup_epochs, "steps_per_epoch": self.steps_per_epoch, "unit": self.unit,
+                "warmup_offset": self.warmup_offset}
 
 
 def set_lr(optimizer, lr):

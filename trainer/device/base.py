@@ -213,6 +213,24 @@ class Device:
         """[(object, attribute)] of the switches that let float32 math take reduced-precision shortcuts here."""
         return []
 
+    def _hf32_switches(self):
+        """The switches ModelZoo's ALLOW_HF32 turns on (the kind's reduced-precision float32 paths)."""
+        return self._reduced_float32_switches()
+
+    def set_float32_math(self, mode):
+        """ModelZoo's ALLOW_HF32 (``reduced``: float32 convolutions may take the device's reduced-precision path,
+        HF32 on NPU, TF32 on CUDA) or ALLOW_FP32 (``full``: every such switch off). Returns the note for the log."""
+        switches = self._hf32_switches() if mode == "reduced" else self._reduced_float32_switches()
+        for obj, name in switches:
+            setattr(obj, name, mode == "reduced")
+        flag = "ALLOW_HF32" if mode == "reduced" else "ALLOW_FP32"
+        if not switches:
+            return "{}: {} has no reduced-precision float32 path to switch; float32 as always".format(
+                flag, self.kind.upper())
+        return "{}: {} switch(es) of {} set to {} ({})".format(
+            flag, len(switches), self.kind.upper(), mode == "reduced",
+            "float32 convolutions may use its reduced-precision path" if mode == "reduced" else "full float32 math")
+
     @contextlib.contextmanager
     def strict_float32(self):
         """float32 math without the reduced-precision shortcuts a device may take for float32 by default

@@ -92,6 +92,10 @@ class NpuDevice(Device):
         return [(m, "allow_hf32") for m in (getattr(npu, "conv", None), getattr(npu, "matmul", None))
                 if m is not None and hasattr(m, "allow_hf32")]
 
+    def _hf32_switches(self):
+        conv = getattr(npu_module().npu, "conv", None)  # ModelZoo's ALLOW_HF32 sets torch.npu.conv.allow_hf32 only
+        return [(conv, "allow_hf32")] if conv is not None and hasattr(conv, "allow_hf32") else []
+
     def grad_scaler(self, loss_scale=None):
         """torch_npu's GradScaler, built dynamic (see ``Device.grad_scaler``)."""
         amp = npu_module().npu.amp

@@ -1,0 +1,9 @@
+#!/usr/bin/env python3
+"""The entry name Ascend ModelZoo's Shufflenetv2 scripts start (``python3 8p_main_med.py ...``): main.py, run as
+that entry (its parser's defaults and the log lines its scripts read: trainer/zoo.py, README "Ascend ModelZoo's
+scripts"). ``python3 8p_main_med.py --help`` lists the flags."""
+import os
+import runpy
+
+if __name__ == "__main__":
+    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py"), run_name="__main__")

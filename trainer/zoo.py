@@ -1,0 +1,86 @@
+"""Ascend ModelZoo's two entries as main.py stands in for them (``--modelzoo``).
+
+ModelZoo's ResNet50_ID4149 folder trains with its own ``main.py``, its Shufflenetv2 folder with ``8p_main_med.py``;
+their test/*.sh scripts type those entries' flags, export RANK_SIZE (and RANK_ID) and grep the logs. Their published
+numbers were trained with those parsers' defaults, which differ from pytorch/examples' (ours):
+
+    resnet50      --label-smoothing 0.1, --warmup 8 (lr x (e+1)/8 in epoch e), cosine once per epoch,
+                  --loss-scale 1024 (their main.py's lr_cosine_policy and CrossEntropy)
+    shufflenetv2  --warm_up_epochs 0 (lr x (e+1)/(N+1)), cosine once per epoch, --eval-freq 5, --loss-scale 64
+                  (8p_main_med.py's adjust_learning_rate)
+
+The rule: a run stands in for an entry when ``--modelzoo`` names it, or (``auto``) when it was started as
+``8p_main_med.py`` (shufflenetv2) or under a ModelZoo script (RANK_SIZE set: resnet50), and no ``--recipe`` was
+given (a recipe is a whole published recipe already). Then that entry's defaults apply to the flags not given, one
+note lists them, and the log adds the lines its scripts grep (trainer/metrics.py ``ZooLines``).
+"""
+import os
+
+ENTRIES = ("resnet50", "shufflenetv2")
+SHUFFLENET_ENTRY = "8p_main_med.py"  # the name Shufflenetv2's scripts start
+
+# argparse destinations -> the entry parser's defaults where they differ from ours
+DEFAULTS = {
+    "resnet50": {"label_smoothing": 0.1, "mz_warmup": 8, "lr_schedule": "cosine", "loss_scale": 1024.0},
+    "shufflenetv2": {"mz_warm_up_epochs": 0, "lr_schedule": "cosine", "eval_freq": 5, "loss_scale": 64.0},
+}
+SAID = {  # how the note says each default
+    "label_smoothing": "label smoothing {:g}", "mz_warmup": "--warmup {} (lr x (epoch+1)/{} in warm-up epochs)",
+    "mz_warm_up_epochs": "--warm_up_epochs {}", "lr_schedule": "{} schedule moved once per epoch",
+    "eval_freq": "--eval-freq {}", "loss_scale": "loss scale {:g} (float16)",
+}
+
+
+def entry(choice, recipe, env, prog):
+    """The entry a run stands in for (``resnet50`` / ``shufflenetv2``) or None."""
+    if choice in ENTRIES:
+        return choice
+    if choice != "auto" or recipe is not None:
+        return None
+    if os.path.basename(prog or "") == SHUFFLENET_ENTRY:
+        return "shufflenetv2"
+    return "resnet50" if "RANK_SIZE" in env else None
+
+
+def defaults(name, explicit):
+    """(argparse defaults of entry ``name`` for the flags not in ``explicit``, the note naming them)."""
+    values = {k: v for k, v in DEFAULTS[name].items() if k not in explicit}
+    if explicit & {"mz_warmup", "mz_warm_up_epochs", "warmup_epochs"}:  # a warm-up given: the entry's default goes
+        values = {k: v for k, v in values.items() if k not in ("mz_warmup", "mz_warm_up_epochs")}
+    if not values:
+        return values, None
+    said = [SAID[k].format(v, v) if k == "mz_warmup" else SAID[k].format(v) for k, v in values.items()]
+    why = "started as {}".format(SHUFFLENET_ENTRY) if name == "shufflenetv2" else "a ModelZoo script's run"
+    return values, ("ModelZoo's {} entry ({}; --modelzoo off for pytorch/examples' defaults): {}".format(
+        name, why, ", ".join(said)))
+
+
+def warmup(ns, explicit):
+    """(warm-up epochs, lr step unit, warm-up offset, lr schedule) from --warmup / --warm_up_epochs, which mean
+    their entry's per-epoch warm-up and cosine; flags given explicitly win. None when neither is set."""
+    from trainer.errors import UsageError
+    if ns.mz_warmup is not None and ns.mz_warm_up_epochs is not None:
+        both = [f for f, d in (("--warmup", "mz_warmup"), ("--warm_up_epochs", "mz_warm_up_epochs")) if d in explicit]
+        if len(both) == 2:
+            raise UsageError("--warmup and --warm_up_epochs are two entries' warm-ups: give one")
+        if "mz_warm_up_epochs" in explicit:
+            ns.mz_warmup = None
+        else:
+            ns.mz_warm_up_epochs = None
+    value, offset = (ns.mz_warmup, 0) if ns.mz_warmup is not None else (ns.mz_warm_up_epochs, 1)
+    if value is None:
+        return None
+    flag = "--warmup" if offset == 0 else "--warm_up_epochs"
+    if "warmup_epochs" in explicit and ns.warmup_epochs != value:
+        raise UsageError("{} {} and --warmup-epochs {:g} disagree: give one".format(flag, value, ns.warmup_epochs))
+    unit = ns.lr_step_unit if "lr_step_unit" in explicit else "epoch"
+    schedule = ns.lr_schedule if "lr_schedule" in explicit else "cosine"
+    return float(value), unit, offset, schedule
+
+
+def check_skip_steps(skip_steps, steps):
+    """--skip_steps must leave steps of an epoch to time."""
+    from trainer.errors import UsageError
+    if skip_steps is not None and skip_steps >= steps:
+        raise UsageError("--skip_steps {} leaves no step of an epoch of {} steps to time: use fewer (below {})".format(
+            skip_steps, steps, steps))
