@@ -2,6 +2,7 @@
 and the acceptance check of a run against published numbers.
 
 plan        a driver's arguments, recipe, baseline check, output folder and main.py command line
+zooargs     ModelZoo's script arguments (--hf32, --precision_mode, --profiling, ...) with their ModelZoo meaning
 drivers     one main.py per device, supervised, then the ModelZoo report
 acceptance  ModelZoo's result lines and case log; checks against a baseline table or a reference run
 

@@ -8,7 +8,8 @@
     python3 -m tools.acceptance baseline --baseline published --arch resnet50 --rank-size 8 --mode acc
 
 report   prints ModelZoo's three result lines and writes ``<CaseName>.log`` (ModelZoo's keys, one
-         ``key = value`` per line) next to summary.json; with --baseline it then runs the check.
+         ``key = value`` per line) and ``train_<CaseName>_loss.txt`` (the loss of every printed training step,
+         from metrics.jsonl) next to summary.json; with --baseline it then runs the check.
 check    one PASS / FAIL / SKIP line per metric against a baseline table; exit 3 on any FAIL.
 align    a run against a reference run (the guides' loss alignment: part of the epochs on the NPU against
          the GPU's): per common epoch, the mean training loss within --loss-rtol (0.05) of the reference's and
@@ -16,8 +17,10 @@ align    a run against a reference run (the guides' loss alignment: part of the 
              python3 -m tools.acceptance align --run NPU_OUT --reference GPU_OUT [--epochs 5]
 baseline checks, before a run, that the table has an entry for the arch x rank size.
 
-Baseline tables are JSON (``baselines/published.json`` is the shipped one; ``published`` names it)
-or CSV with the header ``arch,rank_size,acc1,fps`` (more columns are ignored, ``source`` is shown).
+Baseline tables are JSON (shipped: ``published`` names ``baselines/published.json``, ModelZoo's figures of
+today; ``published-2023`` names ``baselines/published_2023.json``, those of its 2023 READMEs) or CSV with the
+header ``arch,rank_size,acc1,fps`` (more columns are ignored, ``source`` is shown; ``precision`` picks among
+entries of one arch x rank size, by the run's --precision).
 Tolerances: accuracy passes when ``acc1 >= baseline - acc_tolerance`` (points, default 1.0); FPS
 passes when ``fps >= fps_ratio x baseline`` (default 0.9). The command line wins over the table's
 ``tolerances``, which win over these defaults.
@@ -30,14 +33,17 @@ import csv
 import json
 import math
 import os
+import platform
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PUBLISHED = os.path.join(ROOT, "baselines", "published.json")
+# the tables --baseline names: today's published figures, and those of 2023
+TABLES = {"published": PUBLISHED, "published-2023": os.path.join(ROOT, "baselines", "published_2023.json")}
 
-# ModelZoo's ${CaseName}.log keys, in ModelZoo's order
+# ModelZoo's ${CaseName}.log keys, in ModelZoo's order (CompileTime: the scripts that write it add it last)
 CASE_KEYS = ("Network", "RankSize", "BatchSize", "DeviceType", "CaseName", "ActualFPS", "TrainingTime",
-             "TrainAccuracy", "ActualLoss", "E2ETrainingTime")
+             "TrainAccuracy", "ActualLoss", "E2ETrainingTime", "CompileTime")
 MODES = ("acc", "perf")
 DEFAULT_ACC_TOLERANCE = 1.0  # points of top-1 accuracy below the baseline
 DEFAULT_FPS_RATIO = 0.9  # fraction of the baseline FPS
@@ -89,10 +95,9 @@ def _fmt(value, spec):
     return MISSING if number is None else spec.format(number)
 
 
-def device_type(summary):
-    """``npu:3`` -> ``npu``; the kind of device the run trained on."""
-    device = summary.get("device")
-    return str(device).split(":")[0] if device else MISSING
+def device_type():
+    """ModelZoo's DeviceType: ``uname -m`` of the host (aarch64, x86_64); summary.json's device says npu/cuda/cpu."""
+    return platform.machine() or MISSING
 
 
 def case_name(network, batch_size, rank_size, mode):
@@ -107,15 +112,42 @@ def case_values(summary, network, rank_size, batch_size, mode):
     values["Network"] = network
     values["RankSize"] = str(rank_size)
     values["BatchSize"] = str(batch_size)
-    values["DeviceType"] = device_type(summary)
+    values["DeviceType"] = device_type()
     values["CaseName"] = case_name(network, batch_size, rank_size, mode)
     values["ActualFPS"] = _fmt(summary.get("train_fps"), "{:.2f}")
     values["TrainingTime"] = _fmt(summary.get("train_step_time_ms"), "{:.2f}")  # ms per step
     values["TrainAccuracy"] = _fmt(summary.get("final_acc1"), "{:.3f}")
-    values["ActualLoss"] = _fmt(summary.get("final_loss"), "{:.4f}")
+    values["ActualLoss"] = _fmt(summary.get("last_loss"), "{:.4f}")  # the last printed step's, as ModelZoo's
     e2e = _number(summary.get("e2e_seconds"))
     values["E2ETrainingTime"] = MISSING if e2e is None else str(int(round(e2e)))
+    first = summary.get("first_steps_seconds")  # ModelZoo's CompileTime: the first two training steps
+    first = [_number(t) for t in first[:2]] if isinstance(first, list) else []
+    values["CompileTime"] = "{:.2f}".format(sum(first)) if first and None not in first else MISSING
     return values
+
+
+def step_losses(folder):
+    """[loss, ...] of every printed training step, in order, from the run's metrics.jsonl (each epoch record's
+    ``step_losses``: [[global_step, loss], ...]); None without a metrics.jsonl."""
+    from trainer.observe import METRICS, read_records
+    path = os.path.join(folder, METRICS)
+    if not os.path.isfile(path):
+        return None
+    steps = {}
+    for r in read_records(path):
+        for pair in r.get("step_losses") or ():
+            if isinstance(pair, (list, tuple)) and len(pair) == 2 and _number(pair[1]) is not None:
+                steps[int(pair[0])] = float(pair[1])  # a resumed run's repeated step: the later record wins
+    return [steps[k] for k in sorted(steps)]
+
+
+def write_loss_file(out_dir, case, losses):
+    """ModelZoo's ``train_<CaseName>_loss.txt``: one loss per printed training step."""
+    path = os.path.join(out_dir, "train_{}_loss.txt".format(case))
+    with open(path + ".tmp", "w") as f:
+        f.write("".join("{:.4f}\n".format(v) for v in losses))
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def write_case_log(out_dir, values):
@@ -178,19 +210,19 @@ def _entry(raw, where):
     return {"arch": normalize_arch(raw["arch"]), "rank_size": rank_size,
             "acc1": _optional_float(raw.get("acc1"), where, "acc1"),
             "fps": _optional_float(raw.get("fps"), where, "fps"),
-            "source": (raw.get("source") or "").strip()}
+            "source": (raw.get("source") or "").strip(), "precision": str(raw.get("precision") or "").lower()}
 
 
 def resolve_baseline_path(spec):
-    return PUBLISHED if spec == "published" else spec
+    return TABLES.get(spec, spec)
 
 
 def load_baselines(spec):
     """(entries, tolerances, path) from 'published' or a JSON / CSV file."""
     path = resolve_baseline_path(spec)
     if not os.path.isfile(path):
-        raise AcceptanceError("baseline file '{}' does not exist (give a JSON or CSV file, or 'published')".format(
-            path))
+        raise AcceptanceError("baseline file '{}' does not exist (give a JSON or CSV file, 'published' or "
+                              "'published-2023')".format(path))
     tolerances = {}
     try:
         if path.lower().endswith(".csv"):
@@ -241,11 +273,14 @@ def check_fps_ratio(value, where="--fps-ratio"):
     return number
 
 
-def find_baseline(entries, arch, rank_size, path="baseline table"):
+def find_baseline(entries, arch, rank_size, path="baseline table", precision=None):
+    """The entry for arch x rank size; where a table has several (ShuffleNetV2: O2 and FP32 entries), the one of
+    the run's ``precision``, else the first."""
     arch = normalize_arch(arch)
-    for e in entries:
-        if e["arch"] == arch and e["rank_size"] == int(rank_size):
-            return e
+    found = [e for e in entries if e["arch"] == arch and e["rank_size"] == int(rank_size)]
+    if found:
+        same = [e for e in found if precision and e["precision"] == str(precision).lower()]
+        return (same or found)[0]
     have = ", ".join("{} {}p".format(e["arch"], e["rank_size"]) for e in entries) or "nothing"
     raise AcceptanceError("no baseline for {} at {}p in '{}' (it has: {})".format(arch, rank_size, path, have))
 
@@ -291,10 +326,11 @@ def check(summary, entry, mode, acc_tolerance=DEFAULT_ACC_TOLERANCE, fps_ratio=D
     return results
 
 
-def run_check(summary, spec, arch, rank_size, mode, acc_tolerance=None, fps_ratio=None, out=sys.stdout):
+def run_check(summary, spec, arch, rank_size, mode, acc_tolerance=None, fps_ratio=None, out=sys.stdout,
+              precision=None):
     """Print the PASS/FAIL lines; return 0, or 3 when any metric fails."""
     entries, tol, path = load_baselines(spec)
-    entry = find_baseline(entries, arch, rank_size, path)
+    entry = find_baseline(entries, arch, rank_size, path, precision)
     require_checkable(entry, mode, path)
     acc_tol = check_acc_tolerance(acc_tolerance) if acc_tolerance is not None else tol.get(
         "acc_tolerance", DEFAULT_ACC_TOLERANCE)
@@ -364,7 +400,10 @@ def _parser():
     sub.required = True
 
     def baseline_args(q, required):
-        q.add_argument("--baseline", required=required, help="'published' or a JSON / CSV table")
+        q.add_argument("--baseline", required=required, help="'published' (today's figures), 'published-2023' or a "
+                       "JSON / CSV table")
+        q.add_argument("--precision", default=None, help="the run's O1 / O2 / fp32: picks among entries of the "
+                       "same arch x rank size")
         q.add_argument("--arch", help="arch to look up (default: --network)" if not required else "arch to look up",
                        required=required)
         q.add_argument("--acc-tolerance", default=None, help="points below the baseline Acc@1 (default 1.0)")
@@ -414,23 +453,26 @@ def main(argv=None, out=sys.stdout):
                          args.epochs, out)
     if args.command == "baseline":
         entries, _, path = load_baselines(args.baseline)
-        entry = find_baseline(entries, args.arch, args.rank_size, path)
+        entry = find_baseline(entries, args.arch, args.rank_size, path, args.precision)
         require_checkable(entry, args.mode, path)
         return EXIT_OK
     summary = read_summary(args.summary)
     if args.command == "check":
         return run_check(summary, args.baseline, args.arch, args.rank_size, args.mode, args.acc_tolerance,
-                         args.fps_ratio, out)
+                         args.fps_ratio, out, args.precision)
     values = case_values(summary, args.network, args.rank_size, args.batch_size, args.mode)
     out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.summary))
     for line in final_lines(values):
         out.write(line + "\n")
     path = write_case_log(out_dir, values)
     out.write("case log: {}\n".format(path))
+    losses = step_losses(os.path.dirname(os.path.abspath(args.summary)))
+    if losses is not None:
+        out.write("loss log: {}\n".format(write_loss_file(out_dir, values["CaseName"], losses)))
     out.flush()
     if args.baseline:
         return run_check(summary, args.baseline, args.arch or args.network, args.rank_size, args.mode,
-                         args.acc_tolerance, args.fps_ratio, out)
+                         args.acc_tolerance, args.fps_ratio, out, args.precision)
     return EXIT_OK
 
 

@@ -1,9 +1,11 @@
-"""The ModelZoo-style drivers behind test/train_{full,performance}_{1p,8p}.sh: the plan of the run
-(modelzoo/plan.py: arguments, recipe, output folder, command line), one main.py process per device started the
-Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank, taskset on aarch64), supervision of those
-processes, and the ModelZoo report (modelzoo/acceptance.py).
+"""The ModelZoo-style drivers behind test/train_{full,performance}_{1p,8p,16p}.sh and test/train_cluster.sh: the plan
+of the run (modelzoo/plan.py: arguments, recipe, output folder, command line), one main.py process per device started
+the Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank, taskset on aarch64), supervision of those
+processes, and the ModelZoo report (modelzoo/acceptance.py). Several nodes (16p, cluster): one driver per node,
+its processes started as the guide's loop on a node (LOCAL_RANK, --multiprocessing-distributed --world-size NODES
+--rank NODE), rank = node rank x processes per node + local rank; node 0 writes the results.
 
-    python3 -m modelzoo.drivers full|performance 1p|8p [--key=value ...] [-- main.py flags]
+    python3 -m modelzoo.drivers full|performance 1p|8p|16p|cluster [--key=value ...] [-- main.py flags]
 
 Exit codes: 0 done, 1 the run failed, 2 bad input (one line on stderr), 3 a baseline check failed,
 4 the run diverged, 130 / 143 interrupted.
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from modelzoo.plan import command, parse, resolve, run_acceptance, tolerances, usage
+from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage
 from trainer.errors import UsageError
 
 # ---------------------------------------------------------------- launch and supervise
@@ -27,7 +29,16 @@ def rank_env(p, r, port, env):
     e = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                                      "ROLE_RANK")}  # torchrun's would take precedence
     e["PYTHONUNBUFFERED"] = "1"
-    if p.scale == "1p":
+    for k, v in p.env.items():  # ModelZoo's ALLOW_HF32 / ALLOW_FP32 (None: removed)
+        if v is None:
+            e.pop(k, None)
+        else:
+            e[k] = v
+    if p.nodes > 1:  # one node of several: main.py works out the global rank from --rank (node) and LOCAL_RANK
+        for k in ("RANK_ID", "RANK_SIZE"):
+            e.pop(k, None)
+        e.update(LOCAL_RANK=str(r), MASTER_ADDR=p.master_addr, MASTER_PORT=str(port))
+    elif p.scale == "1p":
         for k in ("RANK_ID", "RANK_SIZE", "LOCAL_RANK"):
             e.pop(k, None)
         e["ASCEND_DEVICE_ID"] = str(p.device_id)
@@ -39,7 +50,7 @@ def rank_env(p, r, port, env):
 
 def core_binding(p):
     """taskset -c ranges per rank on aarch64 hosts (the 8-card scripts' binding), else Nones."""
-    if p.scale != "8p" or platform.machine() != "aarch64" or not shutil.which("taskset"):
+    if p.scale == "1p" or platform.machine() != "aarch64" or not shutil.which("taskset"):
         return [None] * p.ranks
     per = (os.cpu_count() or 0) // p.ranks
     if per < 1:
@@ -56,7 +67,7 @@ def start_ranks(p, cmd, env, ranks):
     """One main.py process per device, each with its log file and its own process group, added to ``ranks``;
     returns the logs."""
     from trainer.launch import free_port
-    port = int(p.port) if p.port else (free_port() if p.scale == "8p" else None)
+    port = int(p.port) if p.port else (free_port() if p.scale != "1p" else None)
     cores = core_binding(p)
     logs = []
     for r in range(p.ranks):
@@ -70,7 +81,7 @@ def start_ranks(p, cmd, env, ranks):
         if p.scale == "1p":
             print("started: pid {}, log {}".format(proc.pid, log), flush=True)
         else:
-            print("rank {}: pid {}, device {}, log {}{}".format(r, proc.pid, p.devices[r], log,
+            print("rank {}: pid {}, device {}, log {}{}".format(p.node_rank * p.ranks + r, proc.pid, p.devices[r], log,
                                                                ", cores " + cores[r] if cores[r] else ""), flush=True)
     return logs
 
@@ -118,9 +129,13 @@ def prepare_output(p):
         raise UsageError("cannot create --output_dir '{}'".format(p.output_dir))
 
 
+def script_name(mode, scale):
+    return "train_cluster.sh" if scale == "cluster" else "train_{}_{}.sh".format(mode, scale)
+
+
 def run(mode, scale, argv, env=None):
     env = dict(os.environ if env is None else env)
-    script = "train_{}_{}.sh".format(mode, scale)
+    script = script_name(mode, scale)
     if any(a in ("-h", "--help") for a in argv[:argv.index("--") if "--" in argv else len(argv)]):
         print(usage(mode, scale))
         return 0
@@ -131,8 +146,11 @@ def run(mode, scale, argv, env=None):
         print("note: " + note)
     from trainer.device import has_device_ids
     where = ("1 process on {}{}".format(p.device, " device {}".format(p.device_id) if has_device_ids(p.device) else "")
-             if scale == "1p" else "{} processes on {} devices {}".format(p.ranks, p.device,
-                                                                          ",".join(str(d) for d in p.devices)))
+             if scale == "1p" else "{} processes on {} devices {}{}".format(
+                 p.ranks, p.device, ",".join(str(d) for d in p.devices),
+                 " (node {} of {}, {} ranks in all, master {}:{})".format(p.node_rank, p.nodes, p.world,
+                                                                          p.master_addr, p.port)
+                 if p.nodes > 1 else ""))
     print("{}: {}{} | {} | global batch {} | lr {:g} | {} epoch(s){} | precision {} | output {}".format(
         script, p.model, " (recipe {})".format(p.recipe) if p.recipe else "", where, p.batch, p.lr, p.epochs,
         " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
@@ -158,18 +176,23 @@ def run(mode, scale, argv, env=None):
         return code
     print("finished in {} s".format(int(time.time() - t0)) if scale == "1p" else
           "all {} ranks finished in {} s".format(p.ranks, int(time.time() - t0)), flush=True)
+    if p.node_rank > 0:  # rank 0 (node 0) writes summary.json: the results are there
+        print("node {}: done; node 0 reports the results (its summary.json and case log)".format(p.node_rank))
+        return 0
     report = ["report", "--summary", os.path.join(p.output_dir, "summary.json"), "--network", p.network,
-              "--rank-size", str(p.ranks), "--batch-size", str(p.batch), "--mode", p.case_mode,
+              "--rank-size", str(p.world), "--batch-size", str(p.batch), "--mode", p.case_mode,
               "--out-dir", p.output_dir]
     if p.baseline:
-        report += ["--baseline", p.baseline, "--arch", p.network] + tolerances(p)
+        report += ["--baseline", p.baseline, "--arch", p.network, "--precision", p.precision] + tolerances(p)
     return run_acceptance(report)
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if len(argv) < 2 or argv[0] not in ("full", "performance") or argv[1] not in ("1p", "8p"):
-        sys.stderr.write("error: usage: python3 -m modelzoo.drivers full|performance 1p|8p [--key=value ...]\n")
+    if len(argv) < 2 or argv[0] not in ("full", "performance") or argv[1] not in SCALES or (
+            argv[1] == "cluster" and argv[0] != "full"):
+        sys.stderr.write("error: usage: python3 -m modelzoo.drivers full|performance 1p|8p|16p [--key=value ...], "
+                         "or full cluster [--key=value ...]\n")
         return 2
     try:
         return run(argv[0], argv[1], argv[2:])

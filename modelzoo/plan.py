@@ -6,12 +6,19 @@ import os
 import re
 import sys
 
-from modelzoo import acceptance
+from modelzoo import acceptance, zooargs
 from trainer.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VALUE_KEYS = ("data_path", "arch", "batch_size", "epochs", "lr", "device", "device_id", "rank_size", "device_list",
-              "workers", "precision", "resume", "output_dir", "baseline", "acc_tolerance", "fps_ratio", "steps")
+              "workers", "precision", "resume", "output_dir", "baseline", "acc_tolerance", "fps_ratio", "steps",
+              # ModelZoo's script arguments (modelzoo/zooargs.py)
+              "precision_mode", "profiling", "over_dump", "data_dump_flag", "data_dump_step", "autotune",
+              "learning_rate", "ckpt_path", "more_path1", "train_epochs", "hf32", "fp32",
+              # nodes (train_full_16p.sh, train_performance_16p.sh, train_cluster.sh)
+              "world_size", "node_rank", "master_addr")
+NODE_SCALES = ("16p", "cluster")
+SCALES = ("1p", "8p") + NODE_SCALES
 # main.py destinations the drivers set themselves (their --key=value arguments say them instead)
 OWNED = ("arch", "batch_size", "lr", "epochs", "workers", "device", "device_index", "device_list", "output_dir",
          "resume", "recipe", "amp", "amp_impl", "opt_level", "dummy", "data", "data_opt", "evaluate",
@@ -21,39 +28,63 @@ NPU_NETWORKS = ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5"
 
 
 def usage(mode, scale):
-    script = "train_{}_{}.sh".format(mode, scale)
+    script = "train_cluster.sh" if scale == "cluster" else "train_{}_{}.sh".format(mode, scale)
     if scale == "1p":
         scale_args = "  --device_id=N          device index (default: $ASCEND_DEVICE_ID, else 0)"
     else:
-        scale_args = ("  --rank_size=N          number of processes, one per device (default 8)\n"
-                      "  --device_list=IDS      devices, e.g. 0-7, 0,1,2,3 or 0-3,6 (default 0..rank_size-1)")
+        scale_args = ("  --rank_size=N          processes{}, one per device (default 8)\n"
+                      "  --device_list=IDS      devices, e.g. 0-7, 0,1,2,3 or 0-3,6 (default 0..rank_size-1)\n"
+                      "  --device_id=N          ignored, as in ModelZoo's multi-device scripts (a note says so)"
+                      ).format(" on this node" if scale in NODE_SCALES else "")
+    if scale in NODE_SCALES:
+        scale_args += ("\n  --world_size=N         nodes (default {}); one driver per node, each with its --node_rank\n"
+                       "  --node_rank=R          this node, 0..world_size-1 (default 0; node 0 writes the results)\n"
+                       "  --master_addr=IP       node 0's address, the same on every node (required with 2+ nodes);\n"
+                       "                         port 29688 unless -- --port N (the same on every node)").format(
+                           "2" if scale == "16p" else "1")
     extra = "" if mode == "full" else (
         "\n  --steps=N              training steps per epoch (default {}); epochs default to 1".format(PERF_STEPS))
     return """usage: bash test/{script} --data_path=DIR [--key=value ...] [-- main.py flags]
 
 {what} of main.py in the Ascend ModelZoo style, {where}.
-Defaults come from the recipe <arch>_{scale} in trainer/recipes.json, adapted to the device count (per-device
+Defaults come from the recipe <arch>_{rscale} in trainer/recipes.json, adapted to the device count (per-device
 batch kept, lr linear in the batch); arguments given win.
 
   --data_path=DIR        ImageNet-style folder (train/, val/) or tiny-imagenet-200 (required unless --dummy)
   --dummy                synthetic data instead of --data_path
   --arch=NAME            model (default resnet50; shufflenet_v2_x1_0 runs shufflenet_v2_x1_0_npu)
   --batch_size=N         GLOBAL batch (default: the recipe's)
-  --epochs=N             epochs (default: the recipe's)
-  --lr=X                 peak learning rate (default: the recipe's, scaled linearly when the batch differs)
+  --epochs=N             epochs (default: the recipe's); --train_epochs=N is the same
+  --lr=X                 peak learning rate (default: the recipe's, scaled linearly when the batch differs);
+                         --learning_rate=X is the same
   --device=KIND          auto | npu | cuda | cpu (default auto)
 {scale_args}
   --workers=N            data loading workers per node (default: the recipe's)
   --precision=P          O2 | O1 | fp32 (default: the recipe's opt level; fp32 without a recipe)
   --resume=auto|PATH     continue a run (auto: the newest checkpoint in --output_dir)
   --output_dir=DIR       default test/output/${{ASCEND_DEVICE_ID:-0}}; an earlier run there is moved aside{extra}
-  --baseline=FILE        check the result: 'published' (baselines/published.json) or a JSON / CSV table
+  --baseline=TABLE       check the result: published (baselines/published.json, today's figures),
+                         published-2023 (baselines/published_2023.json) or a JSON / CSV file
   --acc_tolerance=X      Acc@1 points allowed below the baseline (default 1.0)
   --fps_ratio=X          fraction of the baseline FPS required (default 0.9)
-  -- ARGS                passed to main.py unchanged (e.g. -- --seed 60 --port 29688)""".format(
-        script=script, scale=scale, scale_args=scale_args, extra=extra,
+  -- ARGS                passed to main.py unchanged (e.g. -- --seed 60 --port 29688)
+
+ModelZoo's script arguments (README "ModelZoo's scripts and flags -> what runs here"):
+  --hf32 | --fp32        ALLOW_HF32=True | ALLOW_FP32=True for the ranks, float32 training (not both)
+  --precision_mode=M     allow_mix_precision, amp, force_fp16 -> O2; allow_fp32_to_fp16 -> O1;
+                         must_keep_origin_dtype -> fp32
+  --profiling=TYPE       TORCH | CANN | GE | True: main.py --profile-steps over 2 steps from $PROFILE_START_STEP
+                         (default 10); False: off
+  --over_dump=, --data_dump_flag=, --data_dump_step=, --autotune=
+                         accepted (True/False); a note says what to run instead
+  --ckpt_path=PATH       initial weights (main.py --pretrained FILE; a folder: its checkpoint.pth.tar)
+  --more_path1=DIR       accepted, unused (a note says so)""".format(
+        script=script, scale_args=scale_args, extra=extra,
+        rscale="8p" if scale in NODE_SCALES else scale,
         what="Accuracy run" if mode == "full" else "Performance (FPS) run",
-        where="on one device" if scale == "1p" else "one process per device (the guides' shell loop)")
+        where="on one device" if scale == "1p" else (
+            "one process per device (the guides' shell loop)" if scale == "8p" else
+            "one driver per node, one process per device of the node"))
 
 
 # ---------------------------------------------------------------- arguments
@@ -80,17 +111,19 @@ def parse(argv, mode, scale, script):
             continue
         if arg.startswith("--dummy="):
             raise UsageError("--dummy takes no value")
+        if arg in ("--hf32", "--fp32"):  # ModelZoo's bare switches
+            arg += "=True"
         key, eq, value = arg[2:].partition("=") if arg.startswith("--") else (arg, "", "")
         if not arg.startswith("--") or key not in VALUE_KEYS:
             raise UsageError("unknown argument '{}' for {} (see --help; main.py flags go after --)".format(
                 "--" + key if eq else arg, script))
         if not eq or not value:
             raise UsageError("--{0} needs a value: --{0}=...".format(key))
-        if key == "device_id" and scale != "1p":
-            raise UsageError("--device_id is for the 1p scripts; {} takes --device_list=IDS or --rank_size=N".format(
-                script))
-        if key in ("rank_size", "device_list") and scale != "8p":
-            raise UsageError("--{} is for the 8p scripts; {} runs one process (pick its device with "
+        if key in ("world_size", "node_rank", "master_addr") and scale not in NODE_SCALES:
+            raise UsageError("--{} is for train_full_16p.sh, train_performance_16p.sh and train_cluster.sh; {} runs "
+                             "on one node".format(key, script))
+        if key in ("rank_size", "device_list") and scale == "1p":
+            raise UsageError("--{} is for the 8p, 16p and cluster scripts; {} runs one process (pick its device with "
                              "--device_id=N)".format(key, script))
         if key == "steps" and mode != "performance":
             raise UsageError("--steps is for the performance scripts; to shorten a full run pass -- "
@@ -164,12 +197,17 @@ def resolve(a, mode, scale, script, env):
             raise UsageError("--data_path=DIR is required (an ImageNet-style folder or tiny-imagenet-200; or --dummy)")
         if not os.path.isdir(a.data_path):
             raise UsageError("--data_path '{}' is not a folder".format(a.data_path))
-    batch = whole("batch_size", a.batch_size, 1)
-    epochs = whole("epochs", a.epochs, 1)
     workers = whole("workers", a.workers, 0)
     steps = whole("steps", a.steps, 1)
+    precision = {"o1": "O1", "o2": "O2", "fp32": "fp32"}.get((a.precision or "").lower()) if a.precision else None
+    if a.precision and precision is None:
+        raise UsageError("--precision must be O2, O1 or fp32, got '{}'".format(a.precision))
+    p.precision_given = precision
+    zooargs.apply(a, p, env)  # ModelZoo's arguments: --learning_rate, --train_epochs, --device_id on 8p, ...
+    batch = whole("batch_size", a.batch_size, 1)
+    epochs = whole("epochs" if a.train_epochs is None else "train_epochs", a.epochs, 1)
     device_id = whole("device_id", a.device_id, 0)
-    lr = non_negative("lr", a.lr)
+    lr = non_negative("lr" if a.learning_rate is None else "learning_rate", a.lr)
     non_negative("acc_tolerance", a.acc_tolerance)
     non_negative("fps_ratio", a.fps_ratio)
     if (a.acc_tolerance or a.fps_ratio) and not a.baseline:
@@ -180,14 +218,14 @@ def resolve(a, mode, scale, script, env):
     kinds = ("auto",) + KINDS
     if p.device not in kinds:
         raise UsageError("--device must be {} or {}, got '{}'".format(", ".join(kinds[:-1]), kinds[-1], p.device))
-    precision = {"o1": "O1", "o2": "O2", "fp32": "fp32"}.get((a.precision or "").lower()) if a.precision else None
-    if a.precision and precision is None:
-        raise UsageError("--precision must be O2, O1 or fp32, got '{}'".format(a.precision))
     if a.resume and a.resume != "auto" and not os.path.isfile(a.resume):
         raise UsageError("--resume '{}' is not a file (give a checkpoint file, or auto)".format(a.resume))
     port = check_passthrough(a.passthrough, mode, script)
+    if a.profiling is not None and any(t.startswith("--profile-steps") for t in a.passthrough):
+        raise UsageError("--profiling and -- --profile-steps both set the profiled steps: give one")
 
     # -- ranks and devices
+    p.nodes, p.node_rank, p.master_addr = 1, 0, None
     if scale == "1p":
         p.ranks, p.devices = 1, None
         if device_id is None:
@@ -208,13 +246,19 @@ def resolve(a, mode, scale, script, env):
         p.ranks = len(p.devices)
         if port is not None and not (re.fullmatch(r"[0-9]+", port) and 1 <= int(port) <= 65535):
             raise UsageError("--port '{}' after --: the ranks need one fixed port, 1-65535".format(port))
+        if scale in NODE_SCALES:
+            nodes(a, p, scale)
+            if p.nodes > 1 and port is None:
+                from trainer.launch import DEFAULT_PORT
+                port = str(DEFAULT_PORT)  # every node must name the same port
+    p.world = p.nodes * p.ranks
     p.device_id, p.port = device_id, port
 
     # -- arch, recipe, and the values the run takes
     arch = a.arch or "resnet50"
     p.network = arch[:-len("_npu")] if arch.endswith("_npu") else arch
     p.model = p.network + "_npu" if p.network in NPU_NETWORKS else arch
-    name = "{}_{}".format(p.network, scale)
+    name = "{}_{}".format(p.network, "8p" if scale in NODE_SCALES else scale)  # 16p / cluster: the 8p recipe
     if mode == "performance" and epochs is None:
         epochs = 1
     if name in recipes.names():
@@ -223,12 +267,14 @@ def resolve(a, mode, scale, script, env):
         p.model = recipe.get("arch", p.model)
         given = {k: v for k, v in (("batch_size", batch), ("lr", lr), ("workers", workers), ("epochs", epochs))
                  if v is not None}
-        values, notes = recipes.scale(name, p.ranks, given)
+        values, notes = recipes.scale(name, p.world, given)
         p.notes += notes
         p.batch, p.lr, p.epochs = values["batch_size"], values["lr"], values["epochs"]
         p.workers = values.get("workers")
+        if p.workers is not None and workers is None and p.nodes > 1:
+            p.workers //= p.nodes  # the recipe's workers are per node: the node's share of them
         p.warmup = values["warmup_epochs"] if values["warmup_epochs"] != recipe.get("warmup_epochs", 0) else None
-        p.precision = precision or recipe.get("opt_level", "O2")
+        p.precision = p.precision_given or recipe.get("opt_level", "O2")
     else:
         from trainer.config import build_parser
         defaults = build_parser()
@@ -237,20 +283,25 @@ def resolve(a, mode, scale, script, env):
         p.lr = lr if lr is not None else defaults.get_default("lr")
         p.epochs = epochs or defaults.get_default("epochs")
         p.workers = workers if workers is not None else defaults.get_default("workers")
-        p.precision = precision or "fp32"
+        p.precision = p.precision_given or "fp32"
         p.notes.append("no recipe {} in trainer/recipes.json: main.py's defaults plus the arguments given".format(name))
-    if p.batch % p.ranks:
+    if p.batch % p.world:
         raise UsageError("--batch_size {} (global) does not divide over {} ranks: use a multiple of {}".format(
-            p.batch, p.ranks, p.ranks))
+            p.batch, p.world, p.world))
     p.steps = (steps or PERF_STEPS) if mode == "performance" else None
+    window = zooargs.profile_window(a.profiling, env, p.steps * p.epochs if p.steps else None)
+    if window:
+        p.extra += ["--profile-steps", "{}:{}".format(*window)]
+        p.notes.append("--profiling={}: main.py's step profiler records global steps {}..{} into the output "
+                       "folder (ModelZoo's profile types share it)".format(a.profiling, window[0], window[1] - 1))
     p.case_mode = "perf" if mode == "performance" else "acc"
 
     # -- the baseline is checked now, not after hours of training
     p.baseline = a.baseline
     p.acc_tolerance, p.fps_ratio = a.acc_tolerance, a.fps_ratio
     if a.baseline:
-        run_acceptance(["baseline", "--baseline", a.baseline, "--arch", p.network, "--rank-size", str(p.ranks),
-                     "--mode", p.case_mode] + tolerances(p), usage=True)
+        run_acceptance(["baseline", "--baseline", a.baseline, "--arch", p.network, "--rank-size", str(p.world),
+                        "--mode", p.case_mode, "--precision", p.precision] + tolerances(p), usage=True)
 
     # -- the output folder: keep (resume), move aside, or refuse
     if a.output_dir:
@@ -277,6 +328,23 @@ def resolve(a, mode, scale, script, env):
             p.output_action = "move"
     p.args = a
     return p
+
+
+def nodes(a, p, scale):
+    """--world_size (nodes), --node_rank, --master_addr of the 16p and cluster scripts."""
+    if scale == "cluster" and a.world_size is None:
+        raise UsageError("--world_size=N (the number of nodes) is required for train_cluster.sh")
+    p.nodes = whole("world_size", a.world_size, 1) or 2
+    p.node_rank = whole("node_rank", a.node_rank, 0) or 0
+    if p.node_rank >= p.nodes:
+        raise UsageError("--node_rank={} must be below --world_size={} (nodes 0..{})".format(
+            p.node_rank, p.nodes, p.nodes - 1))
+    if p.nodes > 1 and not a.master_addr:
+        raise UsageError("--master_addr=IP (node 0's address, the same on every node) is required with {} "
+                         "nodes".format(p.nodes))
+    if a.master_addr and not re.fullmatch(r"[A-Za-z0-9.:_-]+", a.master_addr):
+        raise UsageError("--master_addr '{}' is not a host name or address".format(a.master_addr))
+    p.master_addr = a.master_addr or "127.0.0.1"
 
 
 def tolerances(p):
@@ -324,6 +392,8 @@ def command(p):
     cmd += ["--device", p.device, "--output-dir", p.output_dir]
     if p.recipe:
         cmd += ["--recipe", p.recipe]
+    else:  # main.py's own defaults, as the note says (not ModelZoo's ResNet50 entry that RANK_SIZE would pick)
+        cmd += ["--modelzoo", "off"]
     if p.warmup is not None:
         cmd += ["--warmup-epochs", "{:g}".format(p.warmup)]
     if p.steps:
@@ -337,4 +407,6 @@ def command(p):
             cmd += ["--gpu", str(p.device_id)]
     else:
         cmd += ["--device-list", ",".join(str(d) for d in p.devices)]
-    return cmd + list(p.args.passthrough)
+    if p.nodes > 1:  # the guide's loop on each node: LOCAL_RANK per process, node rank x processes + local rank
+        cmd += ["--multiprocessing-distributed", "--world-size", str(p.nodes), "--rank", str(p.node_rank)]
+    return cmd + p.extra + list(p.args.passthrough)

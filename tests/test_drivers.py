@@ -5,6 +5,7 @@ import importlib.util
 import io
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -17,11 +18,12 @@ from conftest import PY, RANKS, ROOT, assert_one_line_error, dataset, gone, read
 from modelzoo import acceptance
 from trainer.device import cpu_native_bf16
 
-SCRIPTS = ("train_full_1p.sh", "train_full_8p.sh", "train_performance_1p.sh", "train_performance_8p.sh")
+SCRIPTS = ("train_full_1p.sh", "train_full_8p.sh", "train_performance_1p.sh", "train_performance_8p.sh",
+           "train_full_16p.sh", "train_performance_16p.sh", "train_cluster.sh")
 # main.py flags for 32-pixel images, after the drivers' "--"
 TINY_IMAGES = ["--", "--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-p", "2"]
 CASE_KEYS = ["Network", "RankSize", "BatchSize", "DeviceType", "CaseName", "ActualFPS", "TrainingTime",
-             "TrainAccuracy", "ActualLoss", "E2ETrainingTime"]
+             "TrainAccuracy", "ActualLoss", "E2ETrainingTime", "CompileTime"]
 
 
 def driver_env(extra=None):
@@ -67,7 +69,7 @@ def assert_case_log(out_dir, case, network, rank_size, batch, summary):
     assert values["Network"] == network
     assert values["RankSize"] == str(rank_size)
     assert values["BatchSize"] == str(batch)
-    assert values["DeviceType"] == "cpu" and summary["device"].startswith("cpu")
+    assert values["DeviceType"] == platform.machine() and summary["device"].startswith("cpu")  # ModelZoo: uname -m
     assert values["CaseName"] == case
     # every figure comes from summary.json, formatted
     assert values["ActualFPS"] == "{:.2f}".format(summary["train_fps"])
@@ -76,9 +78,22 @@ def assert_case_log(out_dir, case, network, rank_size, batch, summary):
         assert values["TrainAccuracy"] == acceptance.MISSING and "perf" in case
     else:
         assert values["TrainAccuracy"] == "{:.3f}".format(summary["final_acc1"])
-    assert values["ActualLoss"] == "{:.4f}".format(summary["final_loss"])
+    assert_loss_values(out_dir, case, values, summary)
     assert values["E2ETrainingTime"] == str(int(round(summary["e2e_seconds"])))
     return values
+
+
+def assert_loss_values(out_dir, case, values, summary):
+    """ActualLoss: the last printed step's loss; CompileTime: the first two steps; train_<case>_loss.txt: the loss
+    of every printed step, from metrics.jsonl (the names main.py writes them under)."""
+    assert values["ActualLoss"] == "{:.4f}".format(summary["last_loss"])
+    assert values["CompileTime"] == "{:.2f}".format(sum(summary["first_steps_seconds"][:2]))
+    with open(os.path.join(str(out_dir), "metrics.jsonl")) as f:
+        printed = [v for r in map(json.loads, f) for _, v in r.get("step_losses") or ()]
+    with open(os.path.join(str(out_dir), "train_{}_loss.txt".format(case))) as f:
+        lines = f.read().splitlines()
+    assert printed and lines == ["{:.4f}".format(v) for v in printed]
+    assert lines[-1] == values["ActualLoss"]
 
 
 def assert_final_lines(stdout, values):
@@ -133,7 +148,8 @@ def test_full_1p_imagenet_layout_moves_an_earlier_run_aside(imagenet_small, tmp_
     assert "Epoch: [0][" in log and " *   Acc@1 " in log  # pytorch/examples line formats
     assert sorted(os.listdir(str(out))) == sorted(["checkpoint.pth.tar", "model_best.pth.tar", "summary.json",
                                                    "metrics.jsonl", "tensorboard", "train_0.log",
-                                                   "tiny_cnn_bs8_1p_acc.log"])  # run.lock released
+                                                   "tiny_cnn_bs8_1p_acc.log",
+                                                   "train_tiny_cnn_bs8_1p_acc_loss.txt"])  # run.lock released
 
     # --resume=auto continues in the same folder: nothing moved, the log appended
     proc = run_driver("train_full_1p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
@@ -316,7 +332,7 @@ BAD = [
     ("train_full_1p.sh", ["--data_path="], "--data_path needs a value"),
     ("train_full_1p.sh", ["--data_path=/no/such/folder"], "is not a folder"),
     ("train_full_1p.sh", ["--dummy", "DATA"], "--dummy, not both"),
-    ("train_full_1p.sh", ["DATA", "--rank_size=2"], "--rank_size is for the 8p scripts"),
+    ("train_full_1p.sh", ["DATA", "--rank_size=2"], "--rank_size is for the 8p, 16p and cluster scripts"),
     ("train_full_1p.sh", ["DATA", "--epochs=x"], "--epochs must be a whole number"),
     ("train_full_1p.sh", ["DATA", "--lr=fast"], "--lr must be a non-negative number"),
     ("train_full_1p.sh", ["DATA", "--device=tpu"], "--device must be auto, npu, cuda or cpu"),
@@ -331,7 +347,6 @@ BAD = [
     ("train_full_1p.sh", ["DATA", "--steps=3"], "--steps is for the performance scripts"),
     ("train_full_8p.sh", ["DATA", "--rank_size=3", "--batch_size=64"], "does not divide over 3 ranks"),
     ("train_full_8p.sh", ["DATA", "--rank_size=0"], "--rank_size must be at least 1"),
-    ("train_full_8p.sh", ["DATA", "--device_id=1"], "--device_id is for the 1p scripts"),
     ("train_full_8p.sh", ["DATA", "--rank_size=2", "--device_list=0-2"], "names 3 device(s)"),
     ("train_full_8p.sh", ["DATA", "--device_list=0,0"], "names device 0 twice"),
     ("train_full_8p.sh", ["DATA", "--device_list=3-1"], "runs backwards"),
@@ -389,13 +404,15 @@ def test_help(script):
     proc = run_driver(script, ["--help"], timeout=60)
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("usage: bash test/{} --data_path=DIR".format(script))
-    assert "--precision=P" in proc.stdout and "--baseline=FILE" in proc.stdout
+    assert "--precision=P" in proc.stdout and "--baseline=TABLE" in proc.stdout
+    assert "--precision_mode=M" in proc.stdout and "--hf32 | --fp32" in proc.stdout
+    assert ("--master_addr=IP" in proc.stdout) == ("16p" in script or "cluster" in script)
 
 
 def test_shellcheck_passes():
     exe = shutil.which("shellcheck")
     assert exe, "shellcheck is not installed (tools/install_system_deps.sh installs it)"
-    files = ["env_npu.sh"] + ["test/" + s for s in SCRIPTS] + ["test/common.sh"]
+    files = ["env_npu.sh"] + ["test/" + s for s in SCRIPTS] + ["test/common.sh", "test/env_npu.sh"]
     proc = subprocess.run([exe, "-x"] + files, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -471,14 +488,15 @@ def test_env_npu_info_file_without_toolkit_says_so(tmp_path):
 
 def summary(**kw):
     s = {"status": "ok", "error": None, "device": "npu:0", "train_fps": 12000.0, "train_step_time_ms": 343.9,
-         "final_acc1": 76.2, "final_loss": 1.91234, "e2e_seconds": 3600.4}
+         "final_acc1": 76.2, "final_loss": 1.91234, "last_loss": 1.70111, "first_steps_seconds": [41.5, 0.36],
+         "e2e_seconds": 3600.4}
     s.update(kw)
     return s
 
 
-def check(summary_dict, arch="resnet50", rank_size=8, mode="acc", **kw):
+def check(summary_dict, arch="resnet50", rank_size=8, mode="acc", table="published-2023", **kw):
     out = io.StringIO()
-    rc = acceptance.run_check(summary_dict, "published", arch, rank_size, mode, out=out, **kw)
+    rc = acceptance.run_check(summary_dict, table, arch, rank_size, mode, out=out, **kw)
     return rc, out.getvalue()
 
 
@@ -523,15 +541,49 @@ def test_acceptance_missing_value_fails():
     assert rc == 3 and "FAIL FPS n/a" in text
 
 
-def test_published_table_matches_the_readmes():
-    entries, tol, path = acceptance.load_baselines("published")
-    assert tol == {"acc_tolerance": 1.0, "fps_ratio": 0.9}
+def test_published_2023_table_matches_the_readmes_of_2023():
+    entries, tol, path = acceptance.load_baselines("published-2023")
+    assert tol == {"acc_tolerance": 1.0, "fps_ratio": 0.9} and path.endswith("published_2023.json")
     table = {(e["arch"], e["rank_size"]): e for e in entries}
     assert table[("resnet50", 1)]["fps"] == 1680 and table[("resnet50", 1)]["acc1"] is None
     assert table[("resnet50", 8)]["acc1"] == 76.63 and table[("resnet50", 8)]["fps"] == 11910
     assert 65.1 <= table[("shufflenet_v2_x1_0", 8)]["acc1"] <= 66.3
     assert table[("shufflenet_v2_x1_0", 1)]["acc1"] == 68.5
     assert all("ModelZoo-PyTorch PyTorch/built-in/cv/classification/" in e["source"] for e in entries)
+
+
+def test_published_table_is_todays_with_source_and_date():
+    entries, tol, path = acceptance.load_baselines("published")
+    assert tol == {"acc_tolerance": 1.0, "fps_ratio": 0.9} and path.endswith(os.path.join("baselines",
+                                                                                          "published.json"))
+    with open(path) as f:
+        raw = json.load(f)["baselines"]
+    assert all(re.fullmatch(r"20[0-9]{2}-[0-9]{2}-[0-9]{2}", r["date"]) and r["source"].startswith("PyTorch/")
+               for r in raw)
+
+    def entry(arch, ranks, precision=None):
+        return acceptance.find_baseline(entries, arch, ranks, path, precision)
+    assert (entry("resnet50", 1)["acc1"], entry("resnet50", 1)["fps"]) == (None, 1678)
+    assert (entry("resnet50", 8)["acc1"], entry("resnet50", 8)["fps"]) == (76.3, 14371)  # 2025-05 figure
+    assert next(r for r in raw if r["arch"] == "resnet50" and r["rank_size"] == 8)["fps_history"][
+        "table 3, 8p-NPU torch 2.1 (since 2024-08-23)"] == 13255
+    assert (entry("resnet50", 16)["acc1"], entry("resnet50", 16)["fps"]) == (76.69, 30000)
+    # ShuffleNetV2: the frozen O2 entry first (the recipe's settings), the maintained FP32 one for fp32 runs
+    assert (entry("shufflenet_v2_x1_0_npu", 8)["acc1"], entry("shufflenet_v2_x1_0", 8, "O2")["fps"]) == (
+        65.158, 17420.493)
+    fp32 = entry("shufflenet_v2_x1_0", 8, "fp32")
+    assert (fp32["acc1"], fp32["fps"]) == (62.714, 14524.82) and "ShuffleNetV2_iflytek_for_Pytorch" in fp32["source"]
+    assert entry("shufflenet_v2_x1_0", 1, "fp32")["fps"] == 2081.3
+
+
+def test_acceptance_against_todays_table_and_a_precision_pick():
+    rc, text = check(summary(final_acc1=75.5, train_fps=13000.0), table="published")
+    assert rc == 0 and "vs baseline 76.300" in text and "vs baseline 14371.00: needs >= 12933.90" in text, text
+    rc, text = check(summary(final_acc1=62.0, train_fps=13100.0), arch="shufflenet_v2_x1_0", table="published",
+                     precision="fp32")
+    assert rc == 0 and "vs baseline 62.714" in text and "ShuffleNetV2_iflytek" in text, text
+    rc, text = check(summary(final_acc1=62.0, train_fps=13100.0), arch="shufflenet_v2_x1_0", table="published")
+    assert rc == 3 and "vs baseline 65.158" in text  # O2 runs: the frozen entry
 
 
 def test_recipes_cite_their_published_scripts():
@@ -552,9 +604,10 @@ def test_case_log_written_from_a_summary(tmp_path):
     values = acceptance.case_values(summary(), "resnet50", 8, 4096, "acc")
     path = acceptance.write_case_log(str(tmp_path), values)
     assert os.path.basename(path) == "resnet50_bs4096_8p_acc.log"
-    assert open(path).read() == ("Network = resnet50\nRankSize = 8\nBatchSize = 4096\nDeviceType = npu\n"
+    assert open(path).read() == ("Network = resnet50\nRankSize = 8\nBatchSize = 4096\nDeviceType = {}\n"
                                  "CaseName = resnet50_bs4096_8p_acc\nActualFPS = 12000.00\nTrainingTime = 343.90\n"
-                                 "TrainAccuracy = 76.200\nActualLoss = 1.9123\nE2ETrainingTime = 3600\n")
+                                 "TrainAccuracy = 76.200\nActualLoss = 1.7011\nE2ETrainingTime = 3600\n"
+                                 "CompileTime = 41.86\n".format(platform.machine()))
     assert acceptance.final_lines(values)[1:] == ["Final Performance images/sec : 12000.00",
                                                   "Final Train Accuracy : 76.200",
                                                   "E2E Training Duration sec : 3600"]
@@ -577,7 +630,7 @@ def test_acceptance_cli_check_and_report(tmp_path):
                 "--mode", "acc"])
     assert proc.returncode == 3 and "acceptance: FAIL: fps" in proc.stdout, proc.stdout + proc.stderr
     proc = cli(["report", "--summary", s, "--network", "resnet50", "--rank-size", "8", "--batch-size", "4096",
-                "--mode", "perf", "--baseline", "published", "--fps-ratio", "0.7"])
+                "--mode", "perf", "--baseline", "published", "--fps-ratio", "0.6"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "resnet50_bs4096_8p_perf.log").exists()
     assert "Final Performance images/sec : 9000.00" in proc.stdout and "acceptance: PASS" in proc.stdout
