@@ -3,7 +3,8 @@
 that entry (its parser's defaults and the log lines its scripts read: trainer/zoo.py, README "Ascend ModelZoo's
 scripts"). ``python3 8p_main_med.py --help`` lists the flags."""
 import os
-import runpy
 
 if __name__ == "__main__":
-    runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py"), run_name="__main__")
+    MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
+    with open(MAIN) as f:  # main.py's code under this program name (sys.argv[0] names the entry)
+        exec(compile(f.read(), MAIN, "exec"), {"__name__": "__main__", "__file__": MAIN})

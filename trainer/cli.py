@@ -1,6 +1,8 @@
 """Command-line plumbing shared by main.py and the tools: one-line errors, exit code 2."""
 import argparse
 import math
+import os
+import stat
 import sys
 
 from trainer.errors import UsageError, one_line
@@ -88,3 +90,20 @@ def check_arch(name):
     import models
     if not models.known(name):
         raise UsageError(models.unknown_message(name))
+
+
+def append_to_shared_log():
+    """Ascend ModelZoo's 8p loops start every rank with ``> train_0.log 2>&1``: each process has the file open
+    at its own offset, so a line of one rank would overwrite another's. Where stdout / stderr are regular
+    files, switch them to append mode (O_APPEND): every line lands at the end, whoever writes it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        except (AttributeError, OSError, ValueError):
+            continue

@@ -89,6 +89,7 @@ def worker(cfg, reader=None, notes=()):
     """One process (one rank). Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
     130 interrupted; anything else is raised (exit 1). ``reader``: the files ``preflight`` read in this
     process; ``notes``: what parsing and preflight settled, logged once the run is built."""
+    cli.append_to_shared_log()  # several ranks may share one log file (ModelZoo's loops)
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
         device = Device.create(cfg.launch.device, launch.device_index(cfg.launch))
@@ -96,8 +97,7 @@ def worker(cfg, reader=None, notes=()):
         dist = distributed.init(cfg.launch, device)
     except UsageError as exc:
         return cli.report(exc)
-    log = metrics.Logger(dist.rank)
-    rs, node_lock = None, None
+    log, rs, node_lock = metrics.Logger(dist.rank), None, None
     if cfg.precision.float32_math is not None:  # ModelZoo's ALLOW_HF32 / ALLOW_FP32
         notes = tuple(notes) + (device.set_float32_math(cfg.precision.float32_math),)
     try:
