@@ -47,7 +47,8 @@ def profile_window(value, env, total_steps):
         raise UsageError("--profiling must be one of {} or False, got '{}'".format(", ".join(PROFILE_TYPES), value))
     raw = env.get("PROFILE_START_STEP") or str(PROFILE_START_STEP)
     if not raw.isdigit():
-        raise UsageError("PROFILE_START_STEP='{}' is not a whole number".format(raw))
+        raise UsageError("PROFILE_START_STEP='{}' is not a whole number: export the first profiled step, or unset "
+                         "it (10)".format(raw))
     start = int(raw)
     if total_steps is not None and start + PROFILE_STEPS > total_steps:
         start = max(0, total_steps - PROFILE_STEPS)  # a bounded (performance) run: the window fits in it
@@ -114,9 +115,9 @@ def apply(a, p, env):
         p.notes.append("--over_dump: no overflow dump here; float16 steps with inf/NaN gradients are skipped and "
                        "counted in summary.json (amp); to find the module that overflows run python3 -m "
                        "tools.compare_precision -a ARCH --target-amp")
-    if switch("data_dump_flag", a.data_dump_flag) or a.data_dump_step is not None:
-        if a.data_dump_step is not None and not a.data_dump_step.isdigit():
-            raise UsageError("--data_dump_step must be a whole number, got '{}'".format(a.data_dump_step))
+    if a.data_dump_step is not None and not a.data_dump_step.isdigit():
+        raise UsageError("--data_dump_step must be a whole number, got '{}'".format(a.data_dump_step))
+    if switch("data_dump_flag", a.data_dump_flag):  # --data_dump_step alone: ModelZoo's default "10", no dump
         p.notes.append("--data_dump_flag/--data_dump_step: no operator data dump here; python3 -m "
                        "tools.compare_precision -a ARCH compares every module's outputs and gradients of a "
                        "training step against the CPU, python3 -m tools.op_report -a ARCH lists every operator "

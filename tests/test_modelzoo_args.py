@@ -85,6 +85,9 @@ def test_profiling_is_our_step_profiler(empty_data, tmp_path):
     _, cmd = planned("full", "1p", ["DATA", "--profiling=TORCH"] + out, env={"PROFILE_START_STEP": "4"},
                      data_path=empty_data)
     assert after(cmd, "--profile-steps") == "4:6"
+    with pytest.raises(plan.UsageError, match="PROFILE_START_STEP='x' is not a whole number"):
+        planned("full", "1p", ["DATA", "--profiling=TORCH"] + out, env={"PROFILE_START_STEP": "x"},
+                data_path=empty_data)
     # a bounded performance run: the window is moved into its steps
     _, cmd = planned("performance", "1p", ["DATA", "--profiling=CANN", "--steps=3"] + out, data_path=empty_data)
     assert after(cmd, "--profile-steps") == "1:3"
@@ -111,6 +114,18 @@ def test_lr_epochs_device_id_and_the_notes(empty_data, tmp_path):
     p, cmd = planned("full", "8p", ["DATA", "--device=cpu", "--rank_size=2", "--batch_size=8", "--over_dump=False",
                                     "--autotune=False", "--output_dir=" + str(tmp_path / "o")], data_path=empty_data)
     assert not any(n.startswith(("--over_dump", "--autotune")) for n in p.notes)
+
+
+@pytest.mark.timeout(120)
+def test_shufflenet_scripts_default_switches_as_typed(empty_data, tmp_path):
+    """ShuffleNetV2's scripts' switches at their defaults: the recipe's O2, no profiler, no note of a dump."""
+    p, cmd = planned("full", "8p", ["DATA", "--arch=shufflenet_v2_x1_0", "--device=cpu", "--rank_size=2",
+                                    "--batch_size=8", "--precision_mode=allow_mix_precision", "--over_dump=False",
+                                    "--data_dump_flag=False", "--data_dump_step=10", "--profiling=False",
+                                    "--autotune=False", "--output_dir=" + str(tmp_path / "o")], data_path=empty_data)
+    assert p.recipe == "shufflenet_v2_x1_0_8p" and p.precision == "O2" and after(cmd, "--opt-level") == "O2"
+    assert "--profile-steps" not in cmd
+    assert not any(n.startswith(("--over_dump", "--data_dump", "--autotune", "--profiling")) for n in p.notes)
 
 
 @pytest.mark.timeout(120)
