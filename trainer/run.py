@@ -20,6 +20,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
+from trainer import affinity
 from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
@@ -91,12 +92,16 @@ def worker(cfg, reader=None, notes=()):
     process; ``notes``: what parsing and preflight settled, logged once the run is built."""
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
+        bound = affinity.bind(cfg.launch, cfg.launch.device)  # before any thread or data worker starts
         device = Device.create(cfg.launch.device, launch.device_index(cfg.launch))
+        settings = device.configure(cfg.launch)
         host_memory = devmod.keep_host_memory(device.kind)
         dist = distributed.init(cfg.launch, device)
     except UsageError as exc:
         return cli.report(exc)
     log = metrics.Logger(dist.rank)
+    log(affinity.describe(bound), all_ranks=True)
+    log("=> device settings: " + ", ".join("{} {}".format(k, v) for k, v in settings.items()))
     rs, node_lock = None, None
     try:
         writes, node_lock, more = folders.node_writer(cfg, dist, device, log)
@@ -105,7 +110,7 @@ def worker(cfg, reader=None, notes=()):
             os.makedirs(cfg.run.output_dir, exist_ok=True)
             name = summary.EVAL_SUMMARY if cfg.run.evaluate else summary.SUMMARY
             rs = summary.RunSummary(cfg, os.path.join(cfg.run.output_dir, name))
-            rs.update(host_memory=host_memory)
+            rs.update(host_memory=host_memory, cpu_binding=bound, device_settings=settings)
         job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader(), notes)
         return evaluate(job) if cfg.run.evaluate else train(job)
     except KeyboardInterrupt:
@@ -214,7 +219,7 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
     if cfg.data.dummy:
         workers = 0  # batches made once on the device
     elif cfg.data.workers is None:
-        workers = devmod.default_workers(device.kind, procs)
+        workers = devmod.default_workers(device.kind, procs, affinity.node_cpus())
     else:
         workers = int(math.ceil(cfg.data.workers / float(procs)))
     resume_path = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir)
