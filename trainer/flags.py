@@ -104,8 +104,9 @@ def build_parser():
                         "on older GPUs and on NPU, bfloat16 on CPUs with native bfloat16 and float32 on other "
                         "CPUs (where bfloat16 is many times slower), with a note")
     d.add_argument("--amp-impl", choices=("auto", "native", "apex"), default="auto",
-                   help="auto: Ascend apex.amp on NPU where it is installed (the Ascend guide's way), native "
-                        "autocast + GradScaler otherwise; native; apex (NVIDIA or Ascend apex.amp)")
+                   help="auto: native autocast + GradScaler (on NPU torch_npu's, as Ascend's AMP guide recommends; "
+                        "Ascend apex.amp only on torch_npu 1.11 where it is installed); native; apex (NVIDIA or "
+                        "Ascend apex.amp)")
     d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
                    help="apex opt level, O1 or O2 (apex only)")
     d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,

@@ -68,8 +68,12 @@ class NpuDevice(Device):
 
     @classmethod
     def default_amp_impl(cls):
-        """The Ascend guide's apex.amp where Ascend apex is installed, torch_npu's native autocast otherwise."""
-        return "apex" if runtime.apex_amp() is not None else "native"
+        """torch_npu's native autocast + GradScaler, which Ascend's AMP guide recommends over apex today; Ascend
+        apex.amp only on torch_npu 1.11 (whose porting guide trains with it) where it is installed. Reasons:
+        docs/PRECISION.md, "NPU: native or apex"."""
+        npu = npu_module()
+        legacy = npu is not None and shims.major_minor(getattr(npu, "__version__", "0")) < (2, 1)
+        return "apex" if legacy and runtime.apex_amp() is not None else "native"
 
     @classmethod
     def visible_devices_problem(cls):
