@@ -1,8 +1,8 @@
 """The ModelZoo-style drivers behind test/train_{full,performance}_{1p,8p,16p}.sh and test/train_cluster.sh: the plan
 of the run (modelzoo/plan.py: arguments, recipe, output folder, command line), one main.py process per device started
-the Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank, taskset on aarch64), supervision of those
-processes, and the ModelZoo report (modelzoo/acceptance.py). Several nodes (16p, cluster): one driver per node,
-its processes started as the guide's loop on a node (LOCAL_RANK, --multiprocessing-distributed --world-size NODES
+the Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank; each rank binds its own cores),
+supervision of those processes, and the ModelZoo report (modelzoo/acceptance.py). Several nodes (16p, cluster): one
+driver per node, its processes started as the guide's loop on a node (LOCAL_RANK, --multiprocessing-distributed --world-size NODES
 --rank NODE), rank = node rank x processes per node + local rank; node 0 writes the results.
 
     python3 -m modelzoo.drivers full|performance 1p|8p|16p|cluster [--key=value ...] [-- main.py flags]
@@ -11,9 +11,7 @@ Exit codes: 0 done, 1 the run failed, 2 bad input (one line on stderr), 3 a base
 4 the run diverged, 130 / 143 interrupted.
 """
 import os
-import platform
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,16 +46,6 @@ def rank_env(p, r, port, env):
     return e
 
 
-def core_binding(p):
-    """taskset -c ranges per rank on aarch64 hosts (the 8-card scripts' binding), else Nones."""
-    if p.scale == "1p" or platform.machine() != "aarch64" or not shutil.which("taskset"):
-        return [None] * p.ranks
-    per = (os.cpu_count() or 0) // p.ranks
-    if per < 1:
-        return [None] * p.ranks
-    return ["{}-{}".format(r * per, r * per + per - 1) for r in range(p.ranks)]
-
-
 def _child_setup():
     os.setsid()  # each rank in its own process group: stopped as a whole, data loader workers included
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a rank must see Ctrl-C even if we started with it ignored
@@ -68,21 +56,20 @@ def start_ranks(p, cmd, env, ranks):
     returns the logs."""
     from trainer.launch import free_port
     port = int(p.port) if p.port else (free_port() if p.scale != "1p" else None)
-    cores = core_binding(p)
     logs = []
     for r in range(p.ranks):
         log = os.path.join(p.output_dir, "train_{}.log".format(r))
-        prefix = ["taskset", "-c", cores[r]] if cores[r] else []
         with open(log, "ab" if p.output_action == "keep" else "wb") as f:
-            proc = subprocess.Popen(prefix + cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=rank_env(p, r, port, env), preexec_fn=_child_setup)
         ranks.procs.append(proc)
         logs.append(log)
         if p.scale == "1p":
             print("started: pid {}, log {}".format(proc.pid, log), flush=True)
         else:
-            print("rank {}: pid {}, device {}, log {}{}".format(p.node_rank * p.ranks + r, proc.pid, p.devices[r], log,
-                                                               ", cores " + cores[r] if cores[r] else ""), flush=True)
+            # each rank binds its own cores (main.py --cpu-binding, trainer/affinity.py): no taskset here
+            print("rank {}: pid {}, device {}, log {}".format(p.node_rank * p.ranks + r, proc.pid, p.devices[r], log),
+                  flush=True)
     return logs
 
 

@@ -155,14 +155,20 @@ def apex_init(cfg):
     return {k: v for k, v in init[0][1].items() if k in INIT_KEYS} if init else None
 
 
+cfg, notes = settled("--amp", "--device", "npu")  # Ascend apex installed, torch_npu 2.x: native
+obs["default_amp"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale}
+real_version = torch_npu.__version__
+torch_npu.__version__ = "1.11.0.post3"  # the 1.11 stack, whose guide trains with Ascend apex
+obs["default_amp_1_11"] = devmod.default_amp_impl("npu")
 cfg, notes = settled("--amp", "--device", "npu")
 obs["guide_amp"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale, "notes": list(notes),
                     "initialize": apex_init(cfg)}
-cfg = cfg_for("--amp", "--device", "npu", "--opt-level", "O1", "--loss-scale", "128")
+torch_npu.__version__ = real_version
+cfg = cfg_for("--amp", "--amp-impl", "apex", "--device", "npu", "--opt-level", "O1", "--loss-scale", "128")
 obs["guide_amp_o1"] = apex_init(cfg)
-cfg = cfg_for("--amp", "--device", "npu", "--loss-scale", "dynamic")
+cfg = cfg_for("--amp", "--amp-impl", "apex", "--device", "npu", "--loss-scale", "dynamic")
 obs["guide_amp_dynamic"] = apex_init(cfg)
-cfg = cfg_for("--amp", "--device", "npu", "--combine-ddp", "--world-size", "2", "--rank", "0")
+cfg = cfg_for("--amp", "--amp-impl", "apex", "--device", "npu", "--combine-ddp", "--world-size", "2", "--rank", "0")
 obs["combine_ddp"] = {"precision": ampmod.resolve(cfg.precision, dev, cfg.launch.world_size).combine_ddp,
                       "initialize": apex_init(cfg)}
 cfg, notes = settled("--amp", "--amp-impl", "native", "--device", "npu", "--opt-level", "O1")

@@ -62,6 +62,8 @@ REAL_TORCH_NPU_2_14 = {
     "npu.is_bf16_supported": ["including_emulation=False"],
     "npu.get_amp_supported_dtype": [],
     "npu.utils.is_support_inf_nan": [],
+    "npu.set_compile_mode": ["jit_compile=False"],  # npu/npu_config.py:98 (2.1.0.post17 :87, 2.7.1.post2 :100)
+    "npu.is_jit_compile_false": [],  # npu_config.py:145
     "npu.amp.autocast.__init__": ["enabled=True", "dtype=torch.float16", "cache_enabled=True"],
     "npu.amp.GradScaler.__init__": ["init_scale=65536.0", "growth_factor=2.0", "backoff_factor=0.5",
                                     "growth_interval=2000", "dynamic=True", "enabled=True"],

@@ -99,8 +99,11 @@ HELD_1024 = {"loss_scale": "dynamic", "min_loss_scale": 1024.0, "max_loss_scale"
              "dynamic_init_scale": 1024.0}
 
 
-def test_plain_amp_on_npu_is_the_guides_apex_o2_static_1024_combine_grad(obs):
-    # seed 000: parser defaults --opt_level O2, --loss_scale 1024; amp.initialize(..., combine_grad=True)
+def test_plain_amp_on_npu_is_native_on_torch_npu_2_and_the_guides_apex_on_1_11(obs):
+    # Ascend's AMP guide today: torch_npu's native AMP, with Ascend apex installed too (docs/PRECISION.md)
+    assert obs["default_amp"] == {"impl": "native", "loss_scale": None}
+    assert obs["default_amp_1_11"] == "apex"
+    # seed 000 (the 1.11 guide): parser defaults --opt_level O2, --loss_scale 1024; amp.initialize(combine_grad=True)
     g = obs["guide_amp"]
     assert g["impl"] == "apex" and g["loss_scale"] == 1024.0
     assert g["initialize"] == dict(HELD_1024, opt_level="O2", combine_grad=True, combine_ddp=None)

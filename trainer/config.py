@@ -99,6 +99,11 @@ class LaunchConfig(_Section):
     local_rank: Optional[int] = None
     broadcast_buffers: bool = True
     dist_timeout: float = 1800.0
+    # the host and device settings of each rank (trainer/affinity.py, Device.configure): auto | on | off
+    cpu_binding: str = "auto"
+    jit_compile: str = "auto"
+    internal_format: str = "auto"
+    pin_memory: str = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +150,7 @@ FLAT_ORDER = """
     node_rank procs_per_node dist_url dist_backend multiprocessing_distributed device_list addr port local_rank
     sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
     compile compile_mode lr_step_unit warmup_offset skip_steps checkpoint_prefix checkpoint_freq move_earlier_run
-    modelzoo float32_math
+    modelzoo float32_math cpu_binding jit_compile internal_format pin_memory
 """.split()
 
 
@@ -372,7 +377,9 @@ def validate(ns, env, explicit=frozenset(), entry=None):
                             dist_url=dist["dist_url"], dist_backend=ns.dist_backend,
                             multiprocessing_distributed=ns.multiprocessing_distributed, device_list=device_list,
                             addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
-                            broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout)),
+                            broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout),
+                            cpu_binding=ns.cpu_binding, jit_compile=ns.jit_compile,
+                            internal_format=ns.internal_format, pin_memory=ns.pin_memory),
         run=RunConfig(epochs=ns.epochs, start_epoch=ns.start_epoch, batch_size=ns.batch_size,
                       print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, seed=ns.seed,
                       output_dir=output_dir, eval_freq=ns.eval_freq, validate=ns.validate,

@@ -105,8 +105,9 @@ def build_parser():
                         "on older GPUs and on NPU, bfloat16 on CPUs with native bfloat16 and float32 on other "
                         "CPUs (where bfloat16 is many times slower), with a note")
     d.add_argument("--amp-impl", choices=("auto", "native", "apex"), default="auto",
-                   help="auto: Ascend apex.amp on NPU where it is installed (the Ascend guide's way), native "
-                        "autocast + GradScaler otherwise; native; apex (NVIDIA or Ascend apex.amp)")
+                   help="auto: native autocast + GradScaler (on NPU torch_npu's, as Ascend's AMP guide recommends; "
+                        "Ascend apex.amp only on torch_npu 1.11 where it is installed); native; apex (NVIDIA or "
+                        "Ascend apex.amp)")
     d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
                    help="apex opt level, O1 or O2 (apex only)")
     d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,
@@ -128,6 +129,18 @@ def build_parser():
     d.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
                    help="torch.compile's mode: reduce-overhead (CUDA graphs), max-autotune (longer compile); "
                         "NPU: torchair's graph engine whatever the mode")
+    d.add_argument("--cpu-binding", choices=("auto", "on", "off"), default="auto",
+                   help="each rank and its data workers on a contiguous slice of this process's cores, NUMA node "
+                        "by NUMA node; auto: on NPU and CUDA runs (left to torch_npu where CPU_AFFINITY_CONF is "
+                        "set), not on a CPU run; on: also on a CPU run")
+    d.add_argument("--jit-compile", choices=("auto", "on", "off"), default="auto",
+                   help="NPU: torch_npu.npu.set_compile_mode(jit_compile=...); auto: off (binary kernels) on Atlas "
+                        "A2/A3, torch_npu's default elsewhere")
+    d.add_argument("--internal-format", choices=("auto", "on", "off"), default="auto",
+                   help="NPU: torch.npu.config.allow_internal_format; auto: off on Atlas A2/A3, on elsewhere")
+    d.add_argument("--pin-memory", choices=("auto", "on", "off"), default="auto",
+                   help="the loaders' pinned host memory; auto: on for CUDA, and for NPU on torch 2.x "
+                        "(pin_memory_device npu), off on CPU and on torch_npu 1.11 (its guide)")
     d.add_argument("--data-backend", choices=DATA_BACKENDS, default="auto",
                    help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode "
                         "decode), gpu (workers read bytes; whole batches are decoded and cropped on the device: "

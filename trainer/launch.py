@@ -225,7 +225,10 @@ def device_index(section):
 
 
 def check_devices(section, kind):
-    """Before any process starts: the device list exists on this machine."""
+    """Before any process starts: the device settings suit the kind, the device list exists on this machine."""
+    problem = devmod.class_for(kind).settings_problem(section)
+    if problem:
+        raise UsageError(problem)
     ids = section.device_list
     if not ids or not devmod.has_device_ids(kind):
         return

@@ -20,6 +20,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
+from trainer import affinity
 from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary, zoo
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
@@ -92,12 +93,16 @@ def worker(cfg, reader=None, notes=()):
     cli.append_to_shared_log()  # several ranks may share one log file (ModelZoo's loops)
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
+        bound = affinity.bind(cfg.launch, cfg.launch.device)  # before any thread or data worker starts
         device = Device.create(cfg.launch.device, launch.device_index(cfg.launch))
+        settings = device.configure(cfg.launch)
         host_memory = devmod.keep_host_memory(device.kind)
         dist = distributed.init(cfg.launch, device)
     except UsageError as exc:
         return cli.report(exc)
     log, rs, node_lock = metrics.Logger(dist.rank), None, None
+    log(affinity.describe(bound), all_ranks=True)
+    log("=> device settings: " + ", ".join("{} {}".format(k, v) for k, v in settings.items()))
     if cfg.precision.float32_math is not None:  # ModelZoo's ALLOW_HF32 / ALLOW_FP32
         notes = tuple(notes) + (device.set_float32_math(cfg.precision.float32_math),)
     try:
@@ -107,14 +112,14 @@ def worker(cfg, reader=None, notes=()):
             os.makedirs(cfg.run.output_dir, exist_ok=True)
             name = summary.EVAL_SUMMARY if cfg.run.evaluate else summary.SUMMARY
             rs = summary.RunSummary(cfg, os.path.join(cfg.run.output_dir, name))
-            rs.update(host_memory=host_memory)
+            rs.update(host_memory=host_memory, cpu_binding=bound, device_settings=settings)
         job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader(), notes)
         return evaluate(job) if cfg.run.evaluate else train(job)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
         _finish(rs, "interrupted", "interrupted by the user")  # must not cut the summary short
         if dist.is_main and cfg.launch.mode != "spawn":  # spawn's parent says it for all ranks
-            sys.stderr.write(interrupted_line(cfg) + "\n")
+            sys.stderr.write(cli.interrupted_line(cfg) + "\n")
             sys.stderr.flush()
         else:
             log.warn("interrupted")
@@ -130,7 +135,7 @@ def worker(cfg, reader=None, notes=()):
         return cli.report(exc)
     except BaseException as exc:
         if devmod.out_of_memory(exc):
-            line = out_of_memory_line(cfg, device)
+            line = cli.out_of_memory_line(cfg, device)
             _finish(rs, "failed", line)
             sys.stderr.write("error: {}\n".format(line))
             sys.stderr.flush()
@@ -141,25 +146,6 @@ def worker(cfg, reader=None, notes=()):
         dist.close()
         if node_lock is not None:
             node_lock.release()
-
-
-def interrupted_line(cfg):
-    if cfg.run.evaluate:
-        return "interrupted: the evaluation stopped; nothing in '{}' was changed but its summary".format(
-            cfg.run.output_dir)
-    return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(cfg.run.output_dir)
-
-
-def out_of_memory_line(cfg, device):
-    """The one line for a run that ran out of device (or host) memory: where, at which batch, what to change."""
-    per_device = cfg.run.batch_size // max(1, cfg.launch.world_size)
-    fixes = ["lower -b (now {} global{})".format(cfg.run.batch_size, ", {} per device".format(per_device)
-                                                  if cfg.launch.world_size > 1 else "")]
-    if not cfg.precision.amp and device.resolve_amp_dtype("auto")[0] is not None:
-        fixes.append("add --amp (half-size activations)")
-    return ("out of memory on {} at {} images per device ({}, {} px): {}; the checkpoints are those of the last "
-            "finished epoch".format(device.name, per_device, cfg.model.arch, cfg.data.train_crop_size,
-                                    ", or ".join(fixes)))
 
 
 def _finish(rs, status, error, **fields):
@@ -216,7 +202,7 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
     if cfg.data.dummy:
         workers = 0  # batches made once on the device
     elif cfg.data.workers is None:
-        workers = devmod.default_workers(device.kind, procs)
+        workers = devmod.default_workers(device.kind, procs, affinity.node_cpus())
     else:
         workers = int(math.ceil(cfg.data.workers / float(procs)))
     resume_path = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir, cfg.run.checkpoint_prefix)

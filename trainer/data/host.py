@@ -64,10 +64,10 @@ def loaders(spec, device, train_samples, val_samples):
         sampler = EpochSampler(len(train_samples), spec.seed, spec.rank, spec.world_size)
         crop = train_transform(spec.train_crop_size, spec.crop_scale_min)
         train = dataloader(ImageDataset(train_samples, crop), spec.batch_per_rank, sampler, spec.workers,
-                           device.pin_memory, True, collate)
+                           device.pin_memory, True, collate, device.pin_memory_device)
     center = val_transform(spec.val_resize_size, spec.val_crop_size)
     length = padded_length(len(val_samples), spec.batch_per_rank, spec.world_size)
     padded = PaddedEvalDataset(ImageDataset(val_samples, center), length, (3, spec.val_crop_size, spec.val_crop_size))
     val = dataloader(padded, spec.batch_per_rank, ShardSampler(length, spec.rank, spec.world_size), spec.workers,
-                     device.pin_memory, False, collate)
+                     device.pin_memory, False, collate, device.pin_memory_device)
     return train, val

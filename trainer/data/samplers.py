@@ -51,8 +51,11 @@ class ShardSampler(torch.utils.data.Sampler):
         return iter(self.indices)
 
 
-def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None):
+def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None,
+               pin_memory_device=None):
     kwargs = {}
+    if pin_memory and pin_memory_device:
+        kwargs["pin_memory_device"] = pin_memory_device  # a device other than CUDA, on torch < 2.8
     if workers > 0:
         # at least 4 batches under way per process (DataLoader's default 2 per worker leaves a lone worker
         # with 2): a slow file or a busy core then does not stall the step

@@ -25,10 +25,11 @@ from trainer.device.cuda import CudaDevice, StreamHandoff, cuda_native_bf16  # n
 from trainer.device.npu import NpuDevice  # noqa: F401
 from trainer.device.cpu import CpuDevice  # noqa: F401
 from trainer.device.kinds import (  # noqa: F401
-    backend_owner, class_for, compile_missing, count, default_amp_impl, default_apex_loss_scale, default_backend,
+    backend_owner, binds_host_cores, class_for, compile_missing, count, default_amp_impl, default_apex_loss_scale,
+    default_backend,
     default_workers,
     guides_train_with_amp, has_device_ids, keep_host_memory, load_location, prefers_channels_last, rendezvous_schemes,
-    resolve_kind, supported_devices_per_node, supports_apex, supports_sync_bn, visible_devices_env,
+    resolve_kind, runtime_binds_cores, supported_devices_per_node, supports_apex, supports_sync_bn, visible_devices_env,
     visible_devices_problem)
 
 

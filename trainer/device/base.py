@@ -49,7 +49,9 @@ class Device:
     prefers_channels_last = False  # NHWC the default memory format
     guides_train_with_amp = False  # the porting guides always train with --amp on it
     default_apex_loss_scale = None  # apex's loss scale without --loss-scale (None: dynamic, NVIDIA apex's)
-    pin_memory = False
+    pin_memory = False  # the loaders pin host memory (--pin-memory: ``configure``)
+    pin_memory_device = None  # the DataLoader's pin_memory_device where it needs one to pin for the device
+    binds_host_cores = True  # --cpu-binding auto binds its ranks to slices of the host's cores (trainer/affinity.py)
     non_blocking = True
     target_dtype = torch.int64  # CrossEntropyLoss's target dtype on the device
     index_dtype = torch.int64  # index tensors of index_select-based models
@@ -101,6 +103,18 @@ class Device:
         raise NotImplementedError
 
     @classmethod
+    def broken_stack(cls):
+        """The one line when the kind's software is on this host but cannot be used (``--device auto`` must not
+        train elsewhere then), else None (the general case: a kind is there or not)."""
+        return None
+
+    @classmethod
+    def runtime_binds_cores(cls, environ):
+        """Who binds the ranks' cores instead of trainer/affinity.py (the kind's runtime, as the user asked it
+        in ``environ``), or None (the general case)."""
+        return None
+
+    @classmethod
     def default_amp_impl(cls):
         """What ``--amp`` means when ``--amp-impl`` is not given: native autocast (the general case)."""
         return "native"
@@ -119,6 +133,22 @@ class Device:
     def visible_devices_problem(cls):
         """A message if the visible-devices variable is one the runtime will mishandle, else None."""
         return None
+
+    @classmethod
+    def settings_problem(cls, section):
+        """A device setting of ``section`` (a LaunchConfig) the kind cannot honour: its one line, else None. The
+        general case: torch_npu's own settings are refused."""
+        for flag, value in (("--jit-compile", section.jit_compile), ("--internal-format", section.internal_format)):
+            if value != "auto":
+                return "{} {} is a torch_npu setting: drop it on {}".format(flag, value, cls.kind.upper())
+        return None
+
+    def configure(self, section):
+        """Apply the device settings of ``section`` (a LaunchConfig) once the device is current; returns their
+        values for the log and summary.json (the general case: pinned memory only)."""
+        if section.pin_memory != "auto":
+            self.pin_memory = section.pin_memory == "on"
+        return {"pin_memory": self.pin_memory}
 
     # -- creation
     @classmethod

@@ -18,6 +18,7 @@ class CpuDevice(Device):
     # oneDNN's convolutions run NHWC (bench/channels_last.py, docs/BENCHMARKS.md)
     prefers_channels_last = True
     non_blocking = False
+    binds_host_cores = False  # a CPU run binds nothing unless asked (--cpu-binding on)
     # the device backend crops image by image (torch's uint8 resize) rather than in one batched roi_align per
     # batch, which pays on accelerators (launches) and not on a CPU
     crops_per_image = True
@@ -27,6 +28,12 @@ class CpuDevice(Device):
     @classmethod
     def count(cls):
         return 1
+
+    @classmethod
+    def settings_problem(cls, section):
+        if section.pin_memory == "on":
+            return "--pin-memory on: pinned memory serves copies to an accelerator; drop it on CPU"
+        return Device.settings_problem.__func__(cls, section)
 
     @classmethod
     def default_workers(cls, procs_per_node, cpus=None):

@@ -30,11 +30,29 @@ def resolve_kind(requested):
     """``auto`` -> the first kind, in ``auto_rank`` order (npu, cuda, cpu), that sees a device; others are checked."""
     requested = canonical_kind(requested)
     if requested == "auto":
-        return next(cls.kind for cls in sorted(CLASSES.values(), key=lambda c: c.auto_rank) if cls.count() > 0)
+        for cls in sorted(CLASSES.values(), key=lambda c: c.auto_rank):
+            if cls.count() > 0:
+                return cls.kind
+            broken = cls.broken_stack()  # a kind that ranks first but is broken: an error, not a run elsewhere
+            if broken:
+                found = next(c.kind for c in sorted(CLASSES.values(), key=lambda c: c.auto_rank) if c.count() > 0)
+                raise UsageError(broken.replace("--device cpu to train on the CPU",
+                                                "--device {0} to train on {0}".format(found))
+                                 if found != CpuDevice.kind else broken)
     cls = class_for(requested)
     if cls.count() == 0:
         raise UsageError(cls.missing())
     return requested
+
+
+def binds_host_cores(kind):
+    """Whether ``--cpu-binding auto`` binds the ranks of ``kind`` to slices of the host's cores."""
+    return class_for(kind).binds_host_cores
+
+
+def runtime_binds_cores(kind, environ):
+    """Who binds the cores of ``kind``'s ranks by itself (``Device.runtime_binds_cores``), or None."""
+    return class_for(kind).runtime_binds_cores(environ)
 
 
 def rendezvous_schemes(kind):

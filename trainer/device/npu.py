@@ -6,7 +6,7 @@ import os
 import torch
 
 from trainer.device.base import Device
-from trainer.device import runtime, shims
+from trainer.device import npu_settings, runtime, shims
 from trainer.device.runtime import npu_import_error, npu_module
 from trainer.errors import UsageError
 
@@ -21,7 +21,7 @@ class NpuDevice(Device):
     dist_backend = collective_library = "hccl"
     guides_train_with_amp = True
     default_apex_loss_scale = 1024.0  # the Ascend guide's parser default (static)
-    pin_memory = False  # the Ascend 1.11 guide disables pinned memory on NPU
+    pin_memory = False  # until ``configure``: on with torch 2.x, off on 1.11 as its guide (npu_settings.py)
     # int64 targets fall back to slow AI-CPU kernels on Ascend (and so do int64 index tensors)
     target_dtype = torch.int32
     index_dtype = torch.int32
@@ -38,7 +38,26 @@ class NpuDevice(Device):
             return 0
 
     @classmethod
+    def broken_stack(cls):
+        """torch_npu installed but failing to import (CANN's environment not sourced: the guides' "libhccl.so"
+        FAQ), or CANN on the host without torch_npu: an Ascend host that would otherwise train on the CPU."""
+        if npu_module() is not None:
+            return None
+        if runtime.npu_installed():
+            return ("torch_npu is installed but does not import ({}): source CANN's environment first "
+                    "(`source env_npu.sh`, docs/TROUBLESHOOTING.md), or pass --device cpu to train on the CPU on "
+                    "purpose".format(runtime.import_gist(npu_import_error())))
+        where = runtime.cann_present()
+        if where:
+            return ("this host has Ascend's stack ({}) but no torch_npu: install the torch-npu release of this "
+                    "torch (README, NPU), or pass --device cpu to train on the CPU on purpose".format(where))
+        return None
+
+    @classmethod
     def missing(cls):
+        broken = cls.broken_stack()
+        if broken and runtime.npu_installed():
+            return "--device npu: " + broken
         if npu_module() is None:
             error = npu_import_error()
             return ("--device npu: torch_npu is not installed or does not import ({}); install the "
@@ -49,8 +68,12 @@ class NpuDevice(Device):
 
     @classmethod
     def default_amp_impl(cls):
-        """The Ascend guide's apex.amp where Ascend apex is installed, torch_npu's native autocast otherwise."""
-        return "apex" if runtime.apex_amp() is not None else "native"
+        """torch_npu's native autocast + GradScaler, which Ascend's AMP guide recommends over apex today; Ascend
+        apex.amp only on torch_npu 1.11 (whose porting guide trains with it) where it is installed. Reasons:
+        docs/PRECISION.md, "NPU: native or apex"."""
+        npu = npu_module()
+        legacy = npu is not None and shims.major_minor(getattr(npu, "__version__", "0")) < (2, 1)
+        return "apex" if legacy and runtime.apex_amp() is not None else "native"
 
     @classmethod
     def visible_devices_problem(cls):
@@ -66,6 +89,29 @@ class NpuDevice(Device):
 
     def _make_current(self):
         npu_module().npu.set_device(self.name)
+
+    @classmethod
+    def settings_problem(cls, section):
+        return npu_settings.check(section, npu_module())
+
+    @classmethod
+    def runtime_binds_cores(cls, environ):
+        """torch_npu binds its ranks by itself where ``CPU_AFFINITY_CONF`` asks (mode 1 or 2; every PyPI torch_npu,
+        2.1.0.post17 to 2.14.0, reads it in libtorch_npu.so; 1.11 builds do not)."""
+        conf = environ.get("CPU_AFFINITY_CONF", "").strip()
+        npu = npu_module()
+        if not conf or conf.split(",")[0].strip() in ("0", "mode:0") or npu is None:
+            return None
+        if shims.major_minor(getattr(npu, "__version__", "0")) < (2, 1):
+            return None
+        return "torch_npu (CPU_AFFINITY_CONF={})".format(conf)
+
+    def configure(self, section):
+        """The runtime settings of today's ModelZoo entries (npu_settings.py), after set_device."""
+        out = npu_settings.apply(npu_module(), self._model_name(), section)
+        self.pin_memory = out["pin_memory"]
+        self.pin_memory_device = self.kind if self.pin_memory and npu_settings.pin_memory_device_arg() else None
+        return out
 
     def _model_name(self):
         return npu_module().npu.get_device_name(self.index)
@@ -162,6 +208,9 @@ class NpuDevice(Device):
             npu_module().npu.set_rng_state(state.cpu())
 
     def profiler_activities(self):
-        """torch_npu's profiler."""
-        prof = npu_module().profiler
+        """torch_npu's profiler; where torch_npu has none (1.11), the guide's
+        ``torch.autograd.profiler.profile(use_npu=True)``, whose ``key_averages`` gives the op table."""
+        prof = getattr(npu_module(), "profiler", None)
+        if prof is None:
+            return shims.autograd_profiler(use_npu=True), ["cpu", self.kind]
         return prof, [prof.ProfilerActivity.CPU, prof.ProfilerActivity.NPU]

@@ -10,6 +10,7 @@ import pickle
 import platform
 import re
 import sys
+import types
 import warnings
 
 import torch
@@ -119,6 +120,38 @@ def uint8_antialias_resize():
             ok = False
         _UINT8_RESIZE.append(ok)
     return _UINT8_RESIZE[0]
+
+
+class _AutogradProfile:
+    """``torch.autograd.profiler.profile(**device_flag)`` (a vendor's older profiler: torch_npu 1.11's
+    ``use_npu=True``) with torch.profiler's ``start``/``stop``; ``key_averages`` and ``export_chrome_trace`` as
+    its own."""
+    device_flag = {}
+
+    def __init__(self, activities=None, record_shapes=False, **_):
+        self._prof = torch.autograd.profiler.profile(record_shapes=record_shapes, **self.device_flag)
+
+    def start(self):
+        self._prof.__enter__()
+
+    def stop(self):
+        self._prof.__exit__(None, None, None)
+
+    def key_averages(self, *args, **kwargs):
+        return self._prof.key_averages(*args, **kwargs)
+
+    def export_chrome_trace(self, path):
+        return self._prof.export_chrome_trace(path)
+
+
+def autograd_profiler(**device_flag):
+    """A profiler module (``.profile``) of torch.autograd.profiler with ``device_flag`` (e.g. use_npu=True)."""
+    return types.SimpleNamespace(profile=type("profile", (_AutogradProfile,), {"device_flag": dict(device_flag)}))
+
+
+def major_minor(version):
+    """``"2.1.0.post17+cpu"`` -> (2, 1)."""
+    return tuple(int(p) for p in re.findall(r"\d+", str(version))[:2])
 
 
 def _torchvision_version():

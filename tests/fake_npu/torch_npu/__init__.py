@@ -84,3 +84,24 @@ import torch_npu.distributed  # noqa: E402,F401
 import torch_npu.dynamo  # noqa: E402,F401  (``import torchair``, as the real package)
 
 torch_npu.distributed._register_hccl()
+
+
+def _legacy_profiler():
+    """``FAKE_NPU_LEGACY_PROFILER=1``: the 1.11 stack's profiling, for tests of the fallback. torch_npu 1.11 has no
+    ``torch_npu.profiler``; its torch fork's ``torch.autograd.profiler.profile`` takes ``use_npu=True`` (the porting
+    guide's call). Here the flag is recorded and the CPU profiler records the ops."""
+    import sys as _sys
+    real = torch.autograd.profiler.profile
+
+    class profile(real):
+        def __init__(self, *args, use_npu=False, **kwargs):
+            _record("autograd.profiler.profile", {"use_npu": use_npu})
+            super().__init__(*args, **kwargs)
+
+    torch.autograd.profiler.profile = profile
+    _sys.modules.pop("torch_npu.profiler", None)
+    globals().pop("profiler", None)
+
+
+if __import__("os").environ.get("FAKE_NPU_LEGACY_PROFILER") == "1":
+    _legacy_profiler()

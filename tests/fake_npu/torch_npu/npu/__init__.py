@@ -22,6 +22,7 @@ __all__ = [
     "memory_stats", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "max_memory_reserved", "reset_peak_memory_stats", "reset_max_memory_allocated", "empty_cache",
     "is_bf16_supported", "get_amp_supported_dtype", "current_stream", "default_stream",
+    "set_compile_mode", "is_jit_compile_false", "config",
 ]
 
 _current = None  # device index chosen by set_device (None: never set -> device 0)
@@ -149,7 +150,36 @@ class device(object):
 
 
 def get_device_name(device_name=None):
-    return "Ascend910B (fake)"
+    """``FAKE_NPU_DEVICE_NAME`` (default an Atlas A2, "Ascend910B1"), as the real call names the chip."""
+    return os.environ.get("FAKE_NPU_DEVICE_NAME", "Ascend910B1")
+
+
+# npu/npu_config.py (the same code in 2.1.0.post17, 2.7.1.post2 and 2.14.0): options set through
+# torch_npu._C._npu_setOption, kept here per process. jitCompile's default follows the chip, as the runtime's.
+_options = {}
+
+
+def set_compile_mode(jit_compile=False):
+    _rec("set_compile_mode", jit_compile)
+    _options["jitCompile"] = "enable" if jit_compile else "disable"
+
+
+def is_jit_compile_false():
+    default = "disable" if get_device_name().startswith(("Ascend910B", "Ascend910_93")) else "enable"
+    return _options.get("jitCompile", default) == "disable"
+
+
+class _npuConfig:
+    """``torch.npu.config``: a setter only (the real class has no ``__getattr__`` for this option)."""
+
+    @classmethod
+    def __setattr__(cls, name, value):
+        if name == "allow_internal_format":
+            _rec("allow_internal_format", value)
+            _options["ALLOW_INTERNAL_FORMAT"] = "enable" if value else "disable"
+
+
+config = _npuConfig()
 
 
 def get_device_properties(device_name=None):
