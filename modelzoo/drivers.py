@@ -2,8 +2,8 @@
 of the run (modelzoo/plan.py: arguments, recipe, output folder, command line), one main.py process per device started
 the Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank; each rank binds its own cores),
 supervision of those processes, and the ModelZoo report (modelzoo/acceptance.py). Several nodes (16p, cluster): one
-driver per node, its processes started as the guide's loop on a node (LOCAL_RANK, --multiprocessing-distributed --world-size NODES
---rank NODE), rank = node rank x processes per node + local rank; node 0 writes the results.
+driver per node, its processes started as the guide's loop on a node (LOCAL_RANK, --multiprocessing-distributed
+--world-size NODES --rank NODE), rank = node rank x processes per node + local rank; node 0 writes the results.
 
     python3 -m modelzoo.drivers full|performance 1p|8p|16p|cluster [--key=value ...] [-- main.py flags]
 
