@@ -298,7 +298,7 @@ def validate(ns, env):
                             addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
                             broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout)),
         run=RunConfig(epochs=ns.epochs, start_epoch=ns.start_epoch, batch_size=ns.batch_size,
-                      print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, seed=ns.seed,
+                      print_freq=ns.print_freq, resume=dist["resume"], evaluate=ns.evaluate, seed=ns.seed,
                       output_dir=ns.output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
                       max_steps_per_epoch=ns.max_steps_per_epoch, fps_warmup_steps=ns.fps_warmup_steps,
                       recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,

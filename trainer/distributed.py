@@ -8,14 +8,16 @@ import time
 
 import torch
 
+from trainer import rendezvous
 from trainer.errors import UsageError
 
 
 class Dist:
     """This process's view of the job; a world of one needs no process group."""
 
-    def __init__(self, rank=0, world_size=1, active=False):
+    def __init__(self, rank=0, world_size=1, active=False, store=None):
         self.rank, self.world_size, self.active = rank, world_size, active
+        self.store = store  # the store the group started from (rendezvous.open_store), None for other URLs
 
     @property
     def is_main(self):
@@ -115,14 +117,25 @@ def init(section, device):
     if section.world_size <= 1 or section.mode == "single":
         return Dist()
     backend = section.dist_backend or device.dist_backend
-    if section.dist_url.startswith("env://"):
-        os.environ["MASTER_ADDR"] = section.addr
-        os.environ["MASTER_PORT"] = str(section.port)
+    with _SayWhileWaiting(section), rendezvous.quiet_stderr():
+        store = _start(section, backend)
+    return Dist(section.rank, section.world_size, active=True, store=store)
+
+
+def _start(section, backend):
+    """The store (env://: rendezvous.open_store) and the process group; its failures as one line."""
+    store = None
     try:
-        with _SayWhileWaiting(section):
-            torch.distributed.init_process_group(
-                backend=backend, init_method=section.dist_url, world_size=section.world_size, rank=section.rank,
-                timeout=datetime.timedelta(seconds=section.dist_timeout))
+        if section.dist_url.startswith("env://"):
+            os.environ["MASTER_ADDR"] = section.addr
+            os.environ["MASTER_PORT"] = str(section.port)
+            store = rendezvous.open_store(section)
+            kwargs = dict(store=torch.distributed.PrefixStore("trainer/group", store))
+        else:
+            kwargs = dict(init_method=section.dist_url)
+        torch.distributed.init_process_group(
+            backend=backend, world_size=section.world_size, rank=section.rank,
+            timeout=datetime.timedelta(seconds=section.dist_timeout), **kwargs)
     except (RuntimeError, ValueError) as exc:
         text = str(exc)
         if "in use" in text.lower() or "EADDRINUSE" in text:
@@ -131,5 +144,8 @@ def init(section, device):
         if "backend" in text.lower() and backend in text:
             raise UsageError("distributed backend '{}' is not available in this torch ({})".format(
                 backend, text.splitlines()[0]))
-        raise
-    return Dist(section.rank, section.world_size, active=True)
+        failure = None if rendezvous.show_traces() else rendezvous.init_failure(exc, section)
+        if failure is None:
+            raise
+        raise failure
+    return store

@@ -5,6 +5,7 @@ and LR rules, rendezvous: docs/DESIGN.md."""
 import os
 import socket
 
+from trainer import clusters, rendezvous
 from trainer import device as devmod
 from trainer.errors import UsageError
 
@@ -56,6 +57,7 @@ def _place(ns, env):
     url = ns.dist_url or "env://"
     if not url.startswith(("env://", "tcp://", "file://")):
         raise UsageError("--dist-url must be env://, tcp://HOST:PORT or file://PATH, got '{}'".format(url))
+    url, addr, port, url_notes = rendezvous.read_url(url, addr, port, ns.addr is not None, ns.port is not None)
     local_rank = ns.local_rank
     if env.get("LOCAL_RANK"):
         from_env = _env_int(env, "LOCAL_RANK")
@@ -66,15 +68,20 @@ def _place(ns, env):
         local_rank = None  # torch.distributed.launch's "not set" (-1)
     torchrun = "RANK" in env and "WORLD_SIZE" in env
     shell_loop = "RANK_SIZE" in env
+    slurm = None if torchrun or shell_loop else clusters.slurm_tasks(env)
+    if slurm is not None and not ns.addr and not env.get("MASTER_ADDR") and not url_notes:
+        addr = slurm["addr"]  # rank 0 runs on the first host of the job's node list
     env_world = _env_int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") and not torchrun else None
     out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
-           "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": ()}
+           "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": url_notes}
+    out["resume"], more = clusters.elastic_resume(getattr(ns, "resume", None), env if torchrun else {})
+    out["notes"] += more
     spawn = ns.multiprocessing_distributed
-    if spawn and (torchrun or shell_loop):  # the guide's launch.py line passes it: the launcher's job
+    if spawn and (torchrun or shell_loop or slurm):  # the guide's launch.py line passes it: the launcher's job
         spawn = False
-        out["notes"] = ("--multiprocessing-distributed is ignored under {}: the launcher already started one "
-                        "process per device".format("torchrun / torch.distributed.launch" if torchrun
-                                                     else "RANK_SIZE/RANK_ID"),)
+        out["notes"] += ("--multiprocessing-distributed is ignored under {}: the launcher already started one "
+                         "process per device".format("torchrun / torch.distributed.launch" if torchrun
+                                                     else "RANK_SIZE/RANK_ID" if shell_loop else "srun"),)
     if spawn:
         nodes = ns.world_size if ns.world_size > 0 else 1
         node_rank = ns.rank if ns.rank >= 0 else 0
@@ -116,6 +123,10 @@ def _place(ns, env):
         out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
                    local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
                    node_rank=rank // per_node)
+    elif slurm is not None:
+        out.update(launch="process", world_size=slurm["world_size"], rank=slurm["rank"],
+                   local_rank=local_rank if local_rank is not None else slurm["local_rank"],
+                   procs_per_node=slurm["procs_per_node"], nodes=slurm["nodes"], node_rank=slurm["node_rank"])
     elif env_world is not None and env_world > 1 and ns.rank < 0:
         if local_rank is None:
             raise UsageError("WORLD_SIZE={} is set but nothing says which process this is: export RANK (and "
