@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -36,7 +35,8 @@ def free_port():
 def torchrun(args, out_dir, data, extra=(), **kw):
     return subprocess.Popen([PY, "-m", "torch.distributed.run"] + list(args) + [
         os.path.join(ROOT, "main.py"), data, "--output-dir", str(out_dir)] + EPOCHS3 + list(extra),
-        env=dict(child_env(), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **kw)
+        env=dict(child_env(), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, **kw)
 
 
 def workers_of(out_dir):
@@ -125,8 +125,8 @@ def test_a_rank_killed_mid_step_is_one_line_naming_it(data70, tmp_path):
     long_run = EPOCHS3 + ["--epochs", "100", "-b", "4"]
     procs = [subprocess.Popen([PY, os.path.join(ROOT, "main.py"), data70, "--output-dir", str(tmp_path),
                                "--world-size", "2", "--rank", str(r), "--port", port] + long_run,
-                              env=dict(child_env(), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(2)]
+                              env=dict(child_env(), OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
         read_lines(procs[0], lambda lines: re.match(r"Epoch: \[0\]\[\s*3/", lines[-1]), timeout=180)
         procs[1].kill()

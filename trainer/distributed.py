@@ -136,7 +136,7 @@ def _start(section, backend):
         torch.distributed.init_process_group(
             backend=backend, world_size=section.world_size, rank=section.rank,
             timeout=datetime.timedelta(seconds=section.dist_timeout), **kwargs)
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, OSError) as exc:  # OSError: torch 2.1's TimeoutError
         text = str(exc)
         if "in use" in text.lower() or "EADDRINUSE" in text:
             raise UsageError("port {} on {} is in use: pass --port N with a free port, or --port 0 to pick "

@@ -33,6 +33,7 @@ ATTEMPT_KEY = "trainer/attempt-store"
 NONCE_KEY = "trainer/nonce"
 ARRIVED = "trainer/arrived/{}"
 FAILED = "trainer/failed/{}"
+STORE_ERRORS = (RuntimeError, OSError)  # what a store raises (torch 2.1: TimeoutError on a connection timeout)
 PROBE_SECONDS = 3.0  # a connection to an entry of a previous attempt is given up after this long, then read again
 SHOW_TRACES = "TORCH_SHOW_CPP_STACKTRACES"  # set to 1: failures raise with torch's own traceback
 
@@ -148,7 +149,7 @@ def _attempt_store(section, deadline):
             if own.get(NONCE_KEY).decode() == nonce:
                 own.set_timeout(datetime.timedelta(seconds=section.dist_timeout))
                 return own
-        except RuntimeError:
+        except STORE_ERRORS:
             pass  # an entry of an attempt that died: its store is gone
         time.sleep(0.2)
 
@@ -171,7 +172,7 @@ def open_store(section, env=None):
     except _Timeout as exc:
         raise RendezvousError("rank {} of {}: {} within --dist-timeout {:g} s at {}; see rank 0's output".format(
             section.rank, section.world_size, exc, section.dist_timeout, where))
-    except RuntimeError as exc:
+    except STORE_ERRORS as exc:
         if _in_use(str(exc)):
             raise UsageError("port {} on {} is in use: pass --port N with a free port, or --port 0 to pick "
                              "one".format(section.port, section.addr))
@@ -182,7 +183,7 @@ def open_store(section, env=None):
     keys = [ARRIVED.format(r) for r in range(section.world_size)]
     try:
         store.wait(keys, datetime.timedelta(seconds=max(1.0, deadline - time.time())))
-    except RuntimeError as exc:
+    except STORE_ERRORS as exc:
         raise RendezvousError(_timeout_line(store, section, where, exc))
     return store
 
@@ -191,13 +192,27 @@ def _timeout_line(store, section, where, exc):
     came, missing = [], []
     try:
         for r in range(section.world_size):
-            (came if store.check([ARRIVED.format(r)]) else missing).append(r)
-    except RuntimeError:  # the store went away (rank 0 ended)
+            (came if _has(store, ARRIVED.format(r)) else missing).append(r)
+    except STORE_ERRORS:  # the store went away (rank 0 ended)
         return "rank {} of {}: the rendezvous at {} ended before every rank arrived ({}): rank 0 stopped; see its " \
                "output".format(section.rank, section.world_size, where, _first(exc))
     return ("rendezvous timed out after --dist-timeout {:g} s at {}: rank(s) {} of {} arrived, rank(s) {} did not: "
             "start them (each node with the same --addr and --port), or raise --dist-timeout".format(
                 section.dist_timeout, where, _ranks(came), section.world_size, _ranks(missing)))
+
+
+def _has(store, key):
+    """Whether ``store`` holds ``key`` (torch before 2.2 binds no ``Store.check``: a wait of a moment instead)."""
+    if hasattr(store, "check"):
+        return store.check([key])
+    try:
+        with quiet_stderr(replay=False):
+            store.wait([key], datetime.timedelta(milliseconds=20))
+        return True
+    except STORE_ERRORS as exc:
+        if "timeout" in str(exc).lower() or "timed out" in str(exc).lower():
+            return False
+        raise
 
 
 def _ranks(ranks):
@@ -232,7 +247,7 @@ def quiet_stderr(replay=True):
         except RendezvousError:
             failed = not show_traces()
             raise
-        except RuntimeError:
+        except STORE_ERRORS:
             failed = not replay and not show_traces()
             raise
         finally:
@@ -306,9 +321,9 @@ def _silent_ranks(section, store, wait):
         store.set(FAILED.format(section.rank), "1")
         deadline = time.time() + wait
         while True:
-            silent = [r for r in range(section.world_size) if not store.check([FAILED.format(r)])]
+            silent = [r for r in range(section.world_size) if not _has(store, FAILED.format(r))]
             if not silent or time.time() >= deadline:
                 return silent
             time.sleep(0.1)
-    except RuntimeError:
+    except STORE_ERRORS:
         return None
