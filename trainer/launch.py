@@ -41,6 +41,7 @@ def _place(ns, env):
 
     torchrun / torch.distributed.launch  RANK + WORLD_SIZE (+ LOCAL_RANK or --local_rank)
     the ModelZoo shell loop              RANK_SIZE + RANK_ID (+ LOCAL_RANK)
+    Slurm (srun, one task per device)    SLURM_PROCID + SLURM_NTASKS in a job step (trainer/clusters.py)
     a shell loop with spawn's flags      LOCAL_RANK + --multiprocessing-distributed (the Ascend guide's loop:
                                          this process is one of the node's ranks; nothing is spawned)
     spawn                                --multiprocessing-distributed

@@ -20,8 +20,9 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, rendezvous
-from trainer import summary
+from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary
+from trainer.clusters import world_change
+from trainer.rendezvous import check_master, peer_failure, show_traces
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -42,7 +43,7 @@ def preflight(cfg, given=frozenset(), reader=None):
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
     cfg, more = launch.settle_backend(cfg, kind)
     notes += more + launch.check_launch(cfg.launch, kind)
-    rendezvous.check_master(cfg.launch)
+    check_master(cfg.launch)
     if cfg.model.compile:
         missing = devmod.compile_missing(kind)
         if missing:
@@ -97,8 +98,7 @@ def worker(cfg, reader=None, notes=()):
         host_memory = devmod.keep_host_memory(device.kind)
         dist = distributed.init(cfg.launch, device)
     except UsageError as exc:
-        if isinstance(exc, rendezvous.RendezvousError):
-            _failed_start(cfg, one_line(exc))
+        summary.failed_start(cfg, exc)
         return cli.report(exc)
     log = metrics.Logger(dist.rank)
     rs, node_lock = None, None
@@ -131,14 +131,9 @@ def worker(cfg, reader=None, notes=()):
         _finish(rs, "failed", one_line(exc))
         return cli.report(exc)
     except BaseException as exc:
-        line = None if rendezvous.show_traces() else rendezvous.peer_failure(exc, cfg.launch, dist.store)
-        if line is not None:
-            _finish(rs, "failed", line)
-            sys.stderr.write("error: {}\n".format(line))
-            sys.stderr.flush()
-            return 1
-        if devmod.out_of_memory(exc):
-            line = out_of_memory_line(cfg, device)
+        line = None if show_traces() else peer_failure(exc, cfg.launch, dist.store)
+        if line is not None or devmod.out_of_memory(exc):
+            line = line or out_of_memory_line(cfg, device)
             _finish(rs, "failed", line)
             sys.stderr.write("error: {}\n".format(line))
             sys.stderr.flush()
@@ -168,14 +163,6 @@ def out_of_memory_line(cfg, device):
     return ("out of memory on {} at {} images per device ({}, {} px): {}; the checkpoints are those of the last "
             "finished epoch".format(device.name, per_device, cfg.model.arch, cfg.data.train_crop_size,
                                     ", or ".join(fixes)))
-
-
-def _failed_start(cfg, line):
-    """A job that failed at its rendezvous: rank 0 records it in a folder that holds no summary yet."""
-    path = os.path.join(cfg.run.output_dir, summary.EVAL_SUMMARY if cfg.run.evaluate else summary.SUMMARY)
-    if cfg.launch.rank == 0 and not os.path.exists(path):
-        rs = summary.RunSummary(cfg, path)
-        rs.write("failed", line)
 
 
 def _finish(rs, status, error, **fields):
@@ -504,6 +491,8 @@ def _restore(cfg, resume, model, step, device, log):
     diffs = ["{} {} (checkpoint {})".format(k, mine[k], saved[k]) for k in mine if k in saved and saved[k] != mine[k]]
     if diffs:
         log("note: the command line wins over the checkpoint's schedule: " + ", ".join(diffs))
+    for note in world_change(resume.entries.get("config"), cfg):
+        log("note: " + note)
     if cfg.run.start_epoch:
         log("note: --start-epoch {} ignored: resuming at epoch {} from the checkpoint".format(
             cfg.run.start_epoch, resume.epoch))

@@ -1,0 +1,82 @@
+"""Where a process sits under the launchers users run (torchrun's restarts, Slurm's srun) and the checks of the
+rendezvous that need no process group (the master's address, the one-line failures)."""
+import socket
+
+import pytest
+
+from conftest import assert_one_line_error, run_main
+from trainer import clusters, rendezvous
+from trainer.config import parse_config
+from trainer.errors import UsageError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _cfg(argv, env):
+    return parse_config(["--dummy", "--device", "cpu"] + list(argv), env=env)
+
+
+SRUN = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+
+
+def test_srun_tasks_find_rank_world_local_rank_and_the_first_host_as_master():
+    section = _cfg(["-b", "8"], SRUN).cfg.launch
+    assert (section.mode, section.rank, section.world_size, section.local_rank) == ("process", 3, 4, 1)
+    assert (section.nodes, section.node_rank, section.procs_per_node) == (2, 1, 2)
+    assert (section.addr, section.port) == ("gpu07", 29688)
+    assert _cfg(["-b", "8", "--addr", "10.0.0.1"], SRUN).cfg.launch.addr == "10.0.0.1"  # the flag wins
+    assert _cfg(["-b", "8"], dict(SRUN, MASTER_ADDR="10.0.0.2")).cfg.launch.addr == "10.0.0.2"
+    # torchrun inside srun (one agent per node) is torchrun's job; an sbatch script itself (no step) is no rank
+    assert _cfg(["-b", "8"], dict(SRUN, RANK="0", WORLD_SIZE="1")).cfg.launch.world_size == 1
+    no_step = dict(SRUN)
+    del no_step["SLURM_STEP_ID"]
+    assert _cfg(["-b", "8"], no_step).cfg.launch.mode == "single"
+    with pytest.raises(UsageError, match="SLURM_PROCID 4 is outside SLURM_NTASKS 4"):
+        _cfg(["-b", "8"], dict(SRUN, SLURM_PROCID="4"))
+
+
+def test_slurm_host_lists_expand_as_scontrol_show_hostnames_does():
+    assert clusters.expand_hostlist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07", "gpu5"]
+    assert clusters.expand_hostlist("a1,b[9-10]-ib") == ["a1", "b9-ib", "b10-ib"]
+    assert clusters._tasks_per_node("2(x3),1", 4) == [2, 2, 2, 1]
+
+
+def test_a_torchrun_restart_resumes_and_the_first_attempt_keeps_its_resume():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "TORCHELASTIC_RESTART_COUNT": "1",
+           "TORCHELASTIC_MAX_RESTARTS": "3"}
+    parsed = _cfg(["-b", "8"], env)
+    assert parsed.cfg.run.resume == "auto"
+    assert any("attempt 2 of at most 4): resuming from the last checkpoint" in n for n in parsed.notes)
+    assert _cfg(["-b", "8"], dict(env, TORCHELASTIC_RESTART_COUNT="0")).cfg.run.resume is None
+    assert _cfg(["-b", "8", "--resume", "x.pth"], env).cfg.run.resume == "x.pth"
+
+
+def test_local_addresses_are_told_from_others():
+    assert rendezvous.is_local_address("127.0.0.1") and rendezvous.is_local_address("localhost")
+    assert rendezvous.is_local_address(socket.gethostname()) is True
+    assert rendezvous.is_local_address("1.1.1.1") is False  # a public address no interface here holds
+    assert rendezvous.is_local_address("no-such-host.invalid") is None
+
+
+def test_a_one_node_job_whose_master_is_not_this_machine_is_one_line_before_any_wait(tmp_path):
+    """The guide's placeholder --addr='1.1.1.1' on one node: exit 2 at once instead of --dist-timeout's wait."""
+    proc = run_main(["--dummy", "--device", "cpu", "--output-dir", str(tmp_path), "--multiprocessing-distributed",
+                     "--device-list", "0,1", "--addr=1.1.1.1", "-b", "8", "--epochs", "1"], timeout=60)
+    assert_one_line_error(proc, "the master address 1.1.1.1", "not an address of this machine",
+                          "leave --addr out")
+    proc = run_main(["--dummy", "--device", "cpu", "--output-dir", str(tmp_path), "-b", "8"],
+                    env={"WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "no-such-host.invalid"}, timeout=60)
+    assert_one_line_error(proc, "'no-such-host.invalid'", "does not resolve")
+
+
+def test_group_errors_are_told_apart_and_read_as_one_line():
+    closed = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:541: "
+                          "Connection reset by peer. This is typically caused by a remote worker hanging\nmore")
+    assert rendezvous.failure_kind(closed) == "peer"
+    assert rendezvous._first(closed) == "Read error [127.0.0.1]:541: Connection reset by peer"
+    refused = RuntimeError("Gloo connectFullMesh failed with [pair.cc:144] Connection refused")
+    assert rendezvous.failure_kind(refused) == "refused"
+    assert rendezvous.failure_kind(RuntimeError("CUDA out of memory. Connection reset by peer")) is None
+    assert rendezvous.failure_kind(ValueError("Connection refused")) is None
+    assert rendezvous.failure_kind(RuntimeError("size mismatch for fc.weight")) is None
