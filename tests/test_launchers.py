@@ -1,5 +1,6 @@
 """Where a process sits under the launchers users run (torchrun's restarts, Slurm's srun) and the checks of the
 rendezvous that need no process group (the master's address, the one-line failures)."""
+import json
 import socket
 
 import pytest
@@ -80,3 +81,62 @@ def test_group_errors_are_told_apart_and_read_as_one_line():
     assert rendezvous.failure_kind(RuntimeError("CUDA out of memory. Connection reset by peer")) is None
     assert rendezvous.failure_kind(ValueError("Connection refused")) is None
     assert rendezvous.failure_kind(RuntimeError("size mismatch for fc.weight")) is None
+
+
+def _table(tmp_path, version="1.0", servers=(("127.0.0.1", ((0, 0), (1, 1))), ("10.9.9.9", ((0, 2), (1, 3)))),
+           name="rank_table.json"):
+    server_list = [dict({"device": [{"device_id": str(d), "device_ip": "192.168.1.{}".format(r), "rank_id": str(r)}
+                                    for d, r in devices]},
+                        **({"server_id": "node_{}".format(i), "host_ip": host} if version == "1.2"
+                           else {"server_id": host}))
+                   for i, (host, devices) in enumerate(servers)]
+    table = {"status": "completed", "version": version, "server_count": str(len(servers)), "server_list": server_list}
+    path = tmp_path / name
+    path.write_text(json.dumps(table))
+    return str(path)
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.2"])
+def test_a_rank_table_places_this_process_and_raises_hccls_connect_timeout(tmp_path, version):
+    path = _table(tmp_path, version)
+    parsed = _cfg(["-b", "8"], {"RANK_TABLE_FILE": path, "DEVICE_ID": "1"})
+    section = parsed.cfg.launch
+    assert (section.mode, section.rank, section.world_size, section.local_rank) == ("process", 1, 4, 1)
+    assert (section.nodes, section.node_rank, section.procs_per_node, section.addr) == (2, 0, 2, "127.0.0.1")
+    assert any("HCCL_CONNECT_TIMEOUT=1200 s" in n for n in parsed.notes)
+    assert clusters.hccl_timeout({"RANK_TABLE_FILE": path}) == {"HCCL_CONNECT_TIMEOUT": "1200"}
+    assert clusters.hccl_timeout({"RANK_TABLE_FILE": path, "HCCL_CONNECT_TIMEOUT": "1800"}) == {}
+    assert clusters.hccl_timeout({}) == {}
+    # the ModelZoo loop's RANK_SIZE/RANK_ID with the table: checked against it
+    loop = _cfg(["-b", "8"], {"RANK_TABLE_FILE": path, "RANK_SIZE": "4", "RANK_ID": "0"}).cfg.launch
+    assert (loop.rank, loop.world_size, loop.nodes, loop.procs_per_node) == (0, 4, 2, 2)
+    with pytest.raises(UsageError, match="RANK_SIZE 8 / RANK_ID 0 do not match RANK_TABLE_FILE"):
+        _cfg(["-b", "8"], {"RANK_TABLE_FILE": path, "RANK_SIZE": "8", "RANK_ID": "0"})
+    with pytest.raises(UsageError, match="puts rank 2 on server 10.9.9.9, which is not this host"):
+        _cfg(["-b", "8"], {"RANK_TABLE_FILE": path, "RANK_ID": "2"})
+
+
+def test_each_bad_rank_table_is_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": "1.0", // a comment as in the docs\n}')
+    cases = [
+        (str(bad), "is not JSON"),
+        (str(tmp_path / "missing.json"), "cannot be read"),
+        (_table(tmp_path, servers=(("10.9.9.8", ((0, 0), (1, 1))), ("10.9.9.9", ((0, 2),))), name="away.json"),
+         "this host is not in RANK_TABLE_FILE"),
+        (_table(tmp_path, servers=(("127.0.0.1", ((0, 0), (0, 1))),), name="twice.json"),
+         "server 127.0.0.1 lists device 0 twice"),
+        (_table(tmp_path, servers=(("127.0.0.1", ((0, 0), (1, 2))),), name="gap.json"), "rank ids are [0, 2]"),
+        (_table(tmp_path, version="2.0", name="v2.json"), "versions 1.0 and 1.2 are read"),
+    ]
+    for path, fragment in cases:
+        proc = run_main(["--dummy", "--device", "cpu", "--output-dir", str(tmp_path / "out"), "-b", "8"],
+                        env={"RANK_TABLE_FILE": path, "DEVICE_ID": "0"}, timeout=60)
+        assert_one_line_error(proc, fragment)
+
+
+def test_torch_npu_run_workers_meet_through_torch_npus_own_store():
+    """torch_npu_run is torchrun with torch_npu's parallel store: its workers' env:// is torch_npu's to open."""
+    section = _cfg(["-b", "8"], {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}).cfg.launch
+    assert section.mode == "process" and section.world_size == 2
+    assert rendezvous.open_store(section, env={"TORCH_NPU_USE_PARALLEL_TCPSTORE": "True"}) is None

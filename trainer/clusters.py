@@ -1,6 +1,8 @@
 """What the cluster launchers users already run tell a process about its place, read where ``launch._place``
-asks: torchrun's elastic restarts (a restarted attempt resumes from the last checkpoint) and Slurm's task
-variables (``srun``, one task per device)."""
+asks: torchrun's elastic restarts (a restarted attempt resumes from the last checkpoint), Slurm's task
+variables (``srun``, one task per device) and Ascend's rank table (RANK_TABLE_FILE)."""
+import ipaddress
+import json
 import re
 
 from trainer.errors import UsageError
@@ -90,3 +92,111 @@ def slurm_tasks(env):
     return {"rank": rank, "world_size": world, "local_rank": local, "nodes": nodes, "node_rank": node_rank,
             "procs_per_node": per_node[node_rank] if per_node and node_rank < len(per_node) else world // nodes,
             "addr": hosts[0]}
+
+
+# ---------------------------------------------------------------- Ascend's rank table
+
+HCCL_TIMEOUT = 1200  # s: what env_npu.sh and ModelZoo's scripts export; CANN's own default is 120 s
+
+
+def _address(text):
+    try:
+        ipaddress.ip_address(str(text))
+        return True
+    except ValueError:
+        return False
+
+
+def read_rank_table(path):
+    """RANK_TABLE_FILE (versions 1.0 and 1.2; a MindCluster global table's server_group_list too) as
+    [(server address or id, [(device id, rank id), ...]), ...] in file order, checked: one line per problem."""
+    where = "RANK_TABLE_FILE '{}'".format(path)
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except OSError as exc:
+        raise UsageError("{} cannot be read ({}): export the path of the job's rank table".format(
+            where, exc.strerror or exc))
+    except ValueError as exc:
+        raise UsageError("{} is not JSON ({}): fix the file (comments as in the docs' examples must go)".format(
+            where, exc))
+    if not isinstance(table, dict) or str(table.get("version")) not in ("1.0", "1.2"):
+        raise UsageError("{} has version {!r}: versions 1.0 and 1.2 are read".format(
+            where, table.get("version") if isinstance(table, dict) else None))
+    if table.get("status", "completed") != "completed":
+        raise UsageError("{} has status '{}': the scheduler has not completed it yet; start the job once it "
+                         "says 'completed'".format(where, table.get("status")))
+    groups = table.get("server_group_list") or [table]
+    servers, seen_ranks = [], {}
+    for group in groups:
+        for server in group.get("server_list") or []:
+            name = server.get("host_ip") or server.get("server_ip") or server.get("server_id")
+            devices, ids = [], set()
+            for dev in server.get("device") or []:
+                try:
+                    device, rank = int(dev["device_id"]), int(dev["rank_id"])
+                except (KeyError, TypeError, ValueError):
+                    raise UsageError("{}: server {} has a device without a whole device_id and rank_id: {}".format(
+                        where, name, json.dumps(dev)))
+                if device in ids:
+                    raise UsageError("{}: server {} lists device {} twice: each device once".format(
+                        where, name, device))
+                if rank in seen_ranks:
+                    raise UsageError("{}: rank_id {} is given to two devices ({} and server {} device {}): rank ids "
+                                     "must be unique".format(where, rank, seen_ranks[rank], name, device))
+                ids.add(device)
+                seen_ranks[rank] = "server {} device {}".format(name, device)
+                devices.append((device, rank))
+            servers.append((str(name), devices))
+    world = len(seen_ranks)
+    if not world or sorted(seen_ranks) != list(range(world)):
+        raise UsageError("{}: the rank ids are {}, not 0..{}: number the devices' rank_id from 0 without "
+                         "gaps".format(where, sorted(seen_ranks) or "none", max(world - 1, 0)))
+    return servers
+
+
+def rank_table_place(env, is_local):
+    """This process's place from RANK_TABLE_FILE, or None without one: the rank from RANK_ID (or RANK) where the
+    launch script exports it, else this host's server (an address in the table that ``is_local``) and its
+    device (DEVICE_ID, ASCEND_DEVICE_ID or LOCAL_RANK). Checked before any wait: this host must be in the table."""
+    path = env.get("RANK_TABLE_FILE")
+    if not path:
+        return None
+    servers = read_rank_table(path)
+    ranks = {rank: (s, device) for s, (_, devices) in enumerate(servers) for device, rank in devices}
+    given = env.get("RANK_ID") or env.get("RANK")
+    if given is not None and given.isdigit():
+        if int(given) not in ranks:
+            raise UsageError("RANK_ID {} is not in RANK_TABLE_FILE '{}' (ranks 0..{})".format(
+                given, path, len(ranks) - 1))
+        server, device = ranks[int(given)]
+    else:
+        local = [s for s, (name, _) in enumerate(servers) if _address(name) and is_local(name)]
+        if not local:
+            raise UsageError("this host is not in RANK_TABLE_FILE '{}' (servers {}): run on one of them, or export "
+                             "RANK_ID per process".format(path, ", ".join(name for name, _ in servers)))
+        server = local[0]
+        wanted = env.get("DEVICE_ID") or env.get("ASCEND_DEVICE_ID") or env.get("LOCAL_RANK") or "0"
+        device = int(wanted) if wanted.isdigit() else -1
+        if device not in [d for d, _ in servers[server][1]]:
+            raise UsageError("device {} is not listed for this host ({}) in RANK_TABLE_FILE '{}'".format(
+                wanted, servers[server][0], path))
+    name, devices = servers[server]
+    if _address(name) and is_local(name) is False:
+        raise UsageError("RANK_TABLE_FILE '{}' puts rank {} on server {}, which is not this host: export the rank "
+                         "ids of this host's devices".format(path, dict((d, r) for d, r in devices)[device], name))
+    rank = dict(devices)[device]
+    master = servers[ranks[0][0]][0]
+    return {"rank": rank, "world_size": len(ranks), "local_rank": device, "procs_per_node": len(devices),
+            "nodes": len(servers), "node_rank": server, "addr": master if _address(master) else None}
+
+
+def hccl_timeout(env):
+    """{HCCL_CONNECT_TIMEOUT: ...} to export with a rank table (Ascend's docs: raise it with one; HCCL waits 120 s
+    by default), or {} when no rank table is used or the value is already at least HCCL_TIMEOUT."""
+    if not env.get("RANK_TABLE_FILE"):
+        return {}
+    now = env.get("HCCL_CONNECT_TIMEOUT", "")
+    if now.isdigit() and int(now) >= HCCL_TIMEOUT:
+        return {}
+    return {"HCCL_CONNECT_TIMEOUT": str(HCCL_TIMEOUT)}

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from trainer import rendezvous
+from trainer import clusters, rendezvous
 from trainer.errors import UsageError
 
 
@@ -125,13 +125,15 @@ def init(section, device):
 def _start(section, backend):
     """The store (env://: rendezvous.open_store) and the process group; its failures as one line."""
     store = None
+    os.environ.update(clusters.hccl_timeout(os.environ))  # with a rank table, before HCCL starts
     try:
         if section.dist_url.startswith("env://"):
             os.environ["MASTER_ADDR"] = section.addr
             os.environ["MASTER_PORT"] = str(section.port)
             store = rendezvous.open_store(section)
+        if store is not None:
             kwargs = dict(store=torch.distributed.PrefixStore("trainer/group", store))
-        else:
+        else:  # file://, or a launcher whose own store torch_npu opens from env:// (torch_npu_run)
             kwargs = dict(init_method=section.dist_url)
         torch.distributed.init_process_group(
             backend=backend, world_size=section.world_size, rank=section.rank,

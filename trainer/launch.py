@@ -42,6 +42,7 @@ def _place(ns, env):
     torchrun / torch.distributed.launch  RANK + WORLD_SIZE (+ LOCAL_RANK or --local_rank)
     the ModelZoo shell loop              RANK_SIZE + RANK_ID (+ LOCAL_RANK)
     Slurm (srun, one task per device)    SLURM_PROCID + SLURM_NTASKS in a job step (trainer/clusters.py)
+    Ascend's rank table                  RANK_TABLE_FILE (+ RANK_ID, or DEVICE_ID / LOCAL_RANK on a listed host)
     a shell loop with spawn's flags      LOCAL_RANK + --multiprocessing-distributed (the Ascend guide's loop:
                                          this process is one of the node's ranks; nothing is spawned)
     spawn                                --multiprocessing-distributed
@@ -70,19 +71,26 @@ def _place(ns, env):
     torchrun = "RANK" in env and "WORLD_SIZE" in env
     shell_loop = "RANK_SIZE" in env
     slurm = None if torchrun or shell_loop else clusters.slurm_tasks(env)
-    if slurm is not None and not ns.addr and not env.get("MASTER_ADDR") and not url_notes:
-        addr = slurm["addr"]  # rank 0 runs on the first host of the job's node list
+    table = None if torchrun else clusters.rank_table_place(env, rendezvous.is_local_address)
+    if table is not None and ns.multiprocessing_distributed and not any(
+            env.get(k) for k in ("RANK_ID", "RANK", "DEVICE_ID", "ASCEND_DEVICE_ID", "LOCAL_RANK")):
+        table = None  # spawn's one process per node: the table was checked, spawn places the ranks
+    placed = slurm or table
+    if placed and placed["addr"] and not ns.addr and not env.get("MASTER_ADDR") and not url_notes:
+        addr = placed["addr"]  # rank 0's host: the first of Slurm's node list, the rank table's server of rank 0
     env_world = _env_int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") and not torchrun else None
     out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
            "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": url_notes}
     out["resume"], more = clusters.elastic_resume(getattr(ns, "resume", None), env if torchrun else {})
-    out["notes"] += more
+    out["notes"] += more + tuple("RANK_TABLE_FILE: {}={} s (HCCL's link set-up waits 120 s by default)".format(k, v)
+                                 for k, v in clusters.hccl_timeout(env).items())
     spawn = ns.multiprocessing_distributed
-    if spawn and (torchrun or shell_loop or slurm):  # the guide's launch.py line passes it: the launcher's job
+    if spawn and (torchrun or shell_loop or placed):  # the guide's launch.py line passes it: the launcher's job
         spawn = False
+        launcher = ("torchrun / torch.distributed.launch" if torchrun else "RANK_SIZE/RANK_ID" if shell_loop
+                    else "srun" if slurm else "RANK_TABLE_FILE")
         out["notes"] += ("--multiprocessing-distributed is ignored under {}: the launcher already started one "
-                         "process per device".format("torchrun / torch.distributed.launch" if torchrun
-                                                     else "RANK_SIZE/RANK_ID" if shell_loop else "srun"),)
+                         "process per device".format(launcher),)
     if spawn:
         nodes = ns.world_size if ns.world_size > 0 else 1
         node_rank = ns.rank if ns.rank >= 0 else 0
@@ -124,10 +132,16 @@ def _place(ns, env):
         out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
                    local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
                    node_rank=rank // per_node)
-    elif slurm is not None:
-        out.update(launch="process", world_size=slurm["world_size"], rank=slurm["rank"],
-                   local_rank=local_rank if local_rank is not None else slurm["local_rank"],
-                   procs_per_node=slurm["procs_per_node"], nodes=slurm["nodes"], node_rank=slurm["node_rank"])
+        if table is not None:  # the ModelZoo loop with a rank table: the table says where each rank sits
+            if table["world_size"] != world or table["rank"] != rank:
+                raise UsageError("RANK_SIZE {} / RANK_ID {} do not match RANK_TABLE_FILE (rank {} of {}): export the "
+                                 "table's rank ids".format(world, rank, table["rank"], table["world_size"]))
+            out.update(nodes=table["nodes"], node_rank=table["node_rank"], procs_per_node=table["procs_per_node"],
+                       local_rank=table["local_rank"] if not env.get("LOCAL_RANK") else out["local_rank"])
+    elif placed is not None:
+        out.update(launch="process", world_size=placed["world_size"], rank=placed["rank"],
+                   local_rank=local_rank if local_rank is not None else placed["local_rank"],
+                   procs_per_node=placed["procs_per_node"], nodes=placed["nodes"], node_rank=placed["node_rank"])
     elif env_world is not None and env_world > 1 and ns.rank < 0:
         if local_rank is None:
             raise UsageError("WORLD_SIZE={} is set but nothing says which process this is: export RANK (and "

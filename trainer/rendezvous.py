@@ -160,8 +160,11 @@ class _Timeout(Exception):
 
 def open_store(section, env=None):
     """The store for ``init_process_group`` (env://), with every rank's arrival recorded and awaited until
-    --dist-timeout; a rendezvous failure is a RendezvousError naming who came and who did not."""
+    --dist-timeout; a rendezvous failure is a RendezvousError naming who came and who did not. None under
+    torch_npu_run, whose workers meet through the store torch_npu opens itself from env://."""
     env = os.environ if env is None else env
+    if env.get("TORCH_NPU_USE_PARALLEL_TCPSTORE") == "True":
+        return None  # torch_npu_run: torch_npu turns env:// into its agent's parallel store (per-attempt prefix)
     deadline = time.time() + section.dist_timeout
     where = "{}:{}".format(section.addr, section.port)
     try:
