@@ -208,3 +208,21 @@ def _listening(port, seconds):
 def _parent(pid):
     with open("/proc/{}/stat".format(pid)) as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_guides_tcp_url_forms_the_hccl_group_on_a_fake_npu(data70, tmp_path):
+    """On the (fake) NPU, where a tcp:// URL used to be refused: the guide's 8-card line as typed (placeholder
+    --addr 1.1.1.1, --dist-url tcp://127.0.0.1:PORT, --dist-backend hccl) forms the hccl group of both ranks.
+    (With --addr the job would have stopped before any rank started: 1.1.1.1 is not this machine.) The fake
+    stack cannot train, so only the launch is checked."""
+    calls = tmp_path / "calls.jsonl"
+    env = {"PYTHONPATH": os.path.join(ROOT, "tests", "fake_npu"), "FAKE_NPU_DEVICE_COUNT": "8",
+           "FAKE_NPU_CALL_LOG": str(calls)}
+    proc = run_main([data70, "--output-dir", str(tmp_path / "out"), "--addr=1.1.1.1", "--dist-url",
+                     "tcp://127.0.0.1:{}".format(free_port()), "--dist-backend", "hccl",
+                     "--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0,1"]
+                    + EPOCHS3 + ["--device", "npu"], env=env, timeout=300)
+    assert "master address" not in proc.stderr and "rendezvous" not in proc.stderr, proc.stderr[-2000:]
+    with open(str(calls)) as f:
+        made = sorted(tuple(json.loads(line)["call"]) for line in f)
+    assert ("hccl.new_group", 0, 2) in made and ("hccl.new_group", 1, 2) in made, made
