@@ -43,14 +43,14 @@ def test_slurm_host_lists_expand_as_scontrol_show_hostnames_does():
     assert clusters._tasks_per_node("2(x3),1", 4) == [2, 2, 2, 1]
 
 
-def test_a_torchrun_restart_resumes_and_the_first_attempt_keeps_its_resume():
-    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "TORCHELASTIC_RESTART_COUNT": "1",
+def test_torchrun_restarts_require_resume_auto():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "TORCHELASTIC_RESTART_COUNT": "0",
            "TORCHELASTIC_MAX_RESTARTS": "3"}
-    parsed = _cfg(["-b", "8"], env)
-    assert parsed.cfg.run.resume == "auto"
-    assert any("attempt 2 of at most 4): resuming from the last checkpoint" in n for n in parsed.notes)
-    assert _cfg(["-b", "8"], dict(env, TORCHELASTIC_RESTART_COUNT="0")).cfg.run.resume is None
-    assert _cfg(["-b", "8", "--resume", "x.pth"], env).cfg.run.resume == "x.pth"
+    with pytest.raises(UsageError, match="torchrun --max-restarts 3 restarts the workers after a failure: add "
+                                         "--resume auto"):
+        _cfg(["-b", "8"], env)
+    assert _cfg(["-b", "8", "--resume", "auto"], env).cfg.run.resume == "auto"
+    assert _cfg(["-b", "8"], dict(env, TORCHELASTIC_MAX_RESTARTS="0")).cfg.run.resume is None
 
 
 def test_local_addresses_are_told_from_others():

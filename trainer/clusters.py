@@ -1,5 +1,5 @@
 """What the cluster launchers users already run tell a process about its place, read where ``launch._place``
-asks: torchrun's elastic restarts (a restarted attempt resumes from the last checkpoint), Slurm's task
+asks: torchrun's elastic restarts (--resume auto required with --max-restarts), Slurm's task
 variables (``srun``, one task per device) and Ascend's rank table (RANK_TABLE_FILE)."""
 import ipaddress
 import json
@@ -9,16 +9,15 @@ from trainer.errors import UsageError
 
 
 def elastic_resume(resume, env):
-    """(resume, notes): an attempt that torchrun restarted (``TORCHELASTIC_RESTART_COUNT`` > 0) without
-    --resume continues from the output folder's last checkpoint, as --resume auto does: the restart of a job
-    is its continuation, never a new run (whose start would find the folder holding the first attempt's
-    checkpoints and stop). The first attempt keeps --resume as given."""
-    count = env.get("TORCHELASTIC_RESTART_COUNT", "")
-    if resume is not None or not count.isdigit() or int(count) == 0:
+    """(resume, notes): under ``torchrun --max-restarts N`` (N > 0) --resume is required (``--resume auto``: a
+    restarted attempt continues from the last checkpoint). Not implied: an attempt that stopped because the
+    folder holds another run would be restarted, and an implied resume would then continue that other run."""
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "")
+    if resume is not None or not restarts.isdigit() or int(restarts) == 0:
         return resume, ()
-    return "auto", ("torchrun restarted the workers (attempt {} of at most {}): resuming from the last "
-                    "checkpoint (--resume auto)".format(int(count) + 1,
-                                                        int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) + 1),)
+    raise UsageError("torchrun --max-restarts {} restarts the workers after a failure: add --resume auto, so that "
+                     "a restart continues from the last checkpoint (a new run starts in a folder without one)".format(
+                         restarts))
 
 
 def world_change(saved, cfg):
