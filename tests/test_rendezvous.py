@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, read_lines, read_summary, run_main
-from tools.make_dataset import generate
+from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, free_port, read_lines, read_summary, run_main
 
 pytestmark = [RANKS, pytest.mark.timeout(400)]
 
@@ -21,16 +20,6 @@ EPOCHS3 = ["-a", "tiny_cnn", "--epochs", "3", "-b", "8", "--lr", "0.1", "--momen
            "--seed", "11", "--device", "cpu", "--dist-timeout", "120"] + SMALL[:-2] + ["-p", "1"]
 
 
-@pytest.fixture(scope="module")
-def data70(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("data") / "d70")
-    return generate(out, classes=10, train_per_class=6, val_per_class=7, size=32, seed=5)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(args, out_dir, data, extra=(), **kw):
@@ -165,9 +154,9 @@ def test_the_guides_tcp_url_is_where_the_ranks_meet(data70, tmp_path):
 
 def test_a_node_leaving_a_torchrun_job_of_nnodes_1_to_2_ends_as_an_uninterrupted_run(data70, uninterrupted, tmp_path):
     """Two agents (two "nodes" of one worker) under --nnodes 1:2 with the c10d rendezvous; one node dies (agent and
-    worker) in epoch 1: the other agent restarts the group at world size 1, which resumes with the global batch
-    kept (8 on one device instead of 4 on each of two; the LR as given), and ends with the numbers of the
-    uninterrupted run of two ranks."""
+    worker) in epoch 1, both cores busy: the other agent restarts the group at world size 1, which resumes with the
+    global batch kept (8 on one device instead of 4 on each of two; the LR as given), and ends with the numbers of
+    the uninterrupted run of two ranks."""
     port = free_port()
     rdzv = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "127.0.0.1:{}".format(port), "--rdzv-id", "leave",
@@ -180,9 +169,10 @@ def test_a_node_leaving_a_torchrun_job_of_nnodes_1_to_2_ends_as_an_uninterrupted
                    and lines[-1].startswith("Epoch: [1]["), timeout=240)
         leaving = agents[1]
         doomed = [pid for pid in workers_of(tmp_path) if _parent(pid) == leaving.pid] + [leaving.pid]
-        for pid in doomed:
-            os.kill(pid, signal.SIGKILL)
-        out, err = finish(agents[0], timeout=300)
+        with Busy():
+            for pid in doomed:
+                os.kill(pid, signal.SIGKILL)
+            out, err = finish(agents[0], timeout=300)
     finally:
         for p in agents:
             if p.poll() is None:

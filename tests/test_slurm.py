@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from conftest import PY, ROOT, SMALL, read_summary, run_main
-from tools.make_dataset import generate
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
 
@@ -27,11 +26,6 @@ def slurm():
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                 PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
 
-
-@pytest.fixture(scope="module")
-def data70(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("data") / "d70")
-    return generate(out, classes=10, train_per_class=6, val_per_class=7, size=32, seed=5)
 
 
 @pytest.fixture(scope="module")
