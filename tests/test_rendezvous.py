@@ -113,6 +113,16 @@ def test_a_rendezvous_timeout_is_one_line_naming_who_did_not_arrive(data70, tmp_
     assert alone.returncode == 1 and len(alone.stderr.strip().splitlines()) == 1, alone.stderr
     assert alone.stderr.startswith("error: rank 1 of 2 could not reach the master at 127.0.0.1:")
 
+    # spawn's ranks share one terminal: node 0 of two (node 1 never started) says it once
+    port = str(free_port())
+    node0 = run_main([data70, "--output-dir", str(tmp_path / "n0"), "--multiprocessing-distributed", "--world-size",
+                      "2", "--rank", "0", "--device-list", "0,1", "--port", port] + EPOCHS3 + ["--dist-timeout", "5"],
+                     timeout=120)
+    assert node0.returncode == 1 and node0.stderr.strip().splitlines() == [
+        "error: rendezvous timed out after --dist-timeout 5 s at 127.0.0.1:{}: rank(s) 0,1 of 4 arrived, rank(s) 2,3 "
+        "did not: start them (each node with the same --addr and --port), or raise --dist-timeout".format(port)], \
+        node0.stderr
+
 
 def test_a_rank_killed_mid_step_is_one_line_naming_it(data70, tmp_path):
     port = str(free_port())

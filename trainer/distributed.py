@@ -117,8 +117,12 @@ def init(section, device):
     if section.world_size <= 1 or section.mode == "single":
         return Dist()
     backend = section.dist_backend or device.dist_backend
-    with _SayWhileWaiting(section), rendezvous.quiet_stderr():
-        store = _start(section, backend)
+    try:
+        with _SayWhileWaiting(section), rendezvous.quiet_stderr():
+            store = _start(section, backend)
+    except rendezvous.RendezvousError as exc:
+        exc.quiet = section.mode == "spawn" and bool(section.local_rank)  # spawn's ranks share one terminal
+        raise
     return Dist(section.rank, section.world_size, active=True, store=store)
 
 
