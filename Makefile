@@ -13,11 +13,11 @@ STAMP_COMPAT := $(VENV_COMPAT)/.installed
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
 # lanes of their own, on each stack: the jobs of several ranks (marker "ranks": conftest.RANKS runs them one after
 # another) and the graph-mode tests (--compile; marker "graph": compiling takes a CPU minutes)
-MAIN_TESTS   := -m "not graph and not ranks"
-RANKS_TESTS  := -m "ranks and not graph"
+MAIN_TESTS   := -m "not graph and not ranks and not slurm"
+RANKS_TESTS  := -m "ranks and not graph and not slurm"
 GRAPH_TESTS  := -m graph
 
-.PHONY: install install-compat test test-ranks test-graph test-compat test-ranks-compat test-graph-compat demo lint clean-demo check-device
+.PHONY: install install-compat test test-ranks test-slurm test-graph test-compat test-ranks-compat test-graph-compat demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -45,6 +45,13 @@ test: install
 # the jobs of several ranks (spawn, torchrun, nodes, Ctrl-C, killed ranks) on the pinned stack
 test-ranks: install
 	$(PY) -m pytest $(RANKS_TESTS) $(PYTEST_ARGS)
+
+# ranks started by a real one-node Slurm: tools/slurm_local.sh installs Debian's slurm-wlm and munge where missing
+# (as root), starts munged, slurmctld and slurmd on this host, and fails the lane where it cannot; then srun -n 2
+# and the sbatch example on main.py (tests/test_slurm.py); the daemons are stopped afterwards
+test-slurm: install
+	./tools/slurm_local.sh
+	$(PY) -m pytest -m slurm -q -rs --durations=5 tests/test_slurm.py; rc=$$?; ./tools/slurm_local.sh stop; exit $$rc
 
 # the whole suite again on torch 2.1.0 (requirements-compat.txt), in the same three lanes; a test that needs a
 # newer torch skips with its reason (-rs lists them)

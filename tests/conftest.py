@@ -50,6 +50,20 @@ def shapes(tmp_path_factory):
     return dataset(tmp_path_factory, "shapes", 10, 40, 10, seed=0)
 
 
+@pytest.fixture(scope="module")
+def data70(tmp_path_factory):
+    """70 validation images: not divisible by world (2) x batch per process (4)."""
+    return dataset(tmp_path_factory, "d70", 10, 6, 7, seed=5)
+
+
+def free_port():
+    """A port free on 127.0.0.1 now (for a job of several ranks on localhost)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def tiny_layout(tmp_path_factory):
     return dataset(tmp_path_factory, "tiny", 4, 12, 5, seed=1, layout="tiny-imagenet")

@@ -9,9 +9,8 @@ import time
 import pytest
 import torch
 
-from conftest import (PY, RANKS, ROOT, SMALL, assert_one_line, assert_one_line_error, gone, read_lines, read_summary,
-                      run_main)
-from tools.make_dataset import generate
+from conftest import (PY, RANKS, ROOT, SMALL, assert_one_line, assert_one_line_error, free_port, gone, read_lines,
+                      read_summary, run_main)
 
 pytestmark = RANKS
 
@@ -20,18 +19,6 @@ STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "
         "--momentum", "0.9", "--wd", "1e-4", "--seed", "11", "--device", "cpu",
         "--dist-timeout", "120"] + SMALL  # a rendezvous that cannot complete fails in 2 minutes with torch's reason
 
-
-@pytest.fixture(scope="module")
-def data70(tmp_path_factory):
-    """70 validation images: not divisible by world (2) x batch per process (4)."""
-    out = str(tmp_path_factory.mktemp("data") / "d70")
-    return generate(out, classes=10, train_per_class=6, val_per_class=7, size=32, seed=5)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def weights(out_dir):

@@ -117,12 +117,19 @@ def _settled(*argv):
     return ampmod.settle(parsed.cfg, "cpu", parsed.given)
 
 
-def test_npu_rendezvous_is_env_only_and_counts_other_than_1_2_4_8_are_flagged():
-    cfg = _cfg("--world-size", "2", "--rank", "0", "--dist-url", "tcp://127.0.0.1:50000")
-    assert launch.check_launch(cfg.launch, "cpu") == ()  # tcp:// is fine off NPU
-    with pytest.raises(UsageError, match=r"--dist-url tcp://127.0.0.1:50000: NPU processes .* env://.*--addr"):
-        launch.check_launch(cfg.launch, "npu")
-    assert launch.check_launch(_cfg("--world-size", "2", "--rank", "0").launch, "npu") == ()
+def test_a_tcp_url_is_env_at_its_host_and_port_and_counts_other_than_1_2_4_8_are_flagged():
+    """The guides' --dist-url tcp://HOST:PORT (refused on NPU before) is read as env:// at HOST:PORT on every
+    device, with a note; file:// stays refused on NPU."""
+    parsed = _parsed("--world-size", "2", "--rank", "0", "--addr", "1.1.1.1", "--dist-url", "tcp://127.0.0.1:50000")
+    section = parsed.cfg.launch
+    assert (section.dist_url, section.addr, section.port) == ("env://", "127.0.0.1", 50000)
+    assert any("the ranks meet at 127.0.0.1:50000" in n and "--addr 1.1.1.1 ignored" in n for n in parsed.notes)
+    assert launch.check_launch(section, "npu") == () and launch.check_launch(section, "cpu") == ()
+    filed = _cfg("--world-size", "2", "--rank", "0", "--dist-url", "file:///tmp/x")
+    with pytest.raises(UsageError, match=r"--dist-url file:///tmp/x: NPU processes .* env://.*--addr"):
+        launch.check_launch(filed.launch, "npu")
+    with pytest.raises(UsageError, match=r"not tcp://HOST:PORT"):
+        _cfg("--world-size", "2", "--rank", "0", "--dist-url", "tcp://nohost")
     three = _cfg("--multiprocessing-distributed", "--device-list", "0-2", "-b", "12")
     notes = launch.check_launch(three.launch, "npu")
     assert len(notes) == 1 and "3 device(s) per node" in notes[0] and "1/2/4/8" in notes[0]

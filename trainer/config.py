@@ -381,7 +381,7 @@ def validate(ns, env, explicit=frozenset(), entry=None):
                             cpu_binding=ns.cpu_binding, jit_compile=ns.jit_compile,
                             internal_format=ns.internal_format, pin_memory=ns.pin_memory),
         run=RunConfig(epochs=ns.epochs, start_epoch=ns.start_epoch, batch_size=ns.batch_size,
-                      print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, seed=ns.seed,
+                      print_freq=ns.print_freq, resume=dist["resume"], evaluate=ns.evaluate, seed=ns.seed,
                       output_dir=output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
                       max_steps_per_epoch=ns.max_steps_per_epoch, fps_warmup_steps=fps_warmup,
                       recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
@@ -389,5 +389,5 @@ def validate(ns, env, explicit=frozenset(), entry=None):
                           output_dir, "tensorboard")) if ns.tensorboard else None,
                       skip_steps=ns.skip_steps, checkpoint_prefix=ns.checkpoint_prefix,
                       checkpoint_freq=ns.checkpoint_freq, modelzoo=entry,
-                      move_earlier_run=not ({"output_dir", "workspace"} & set(explicit)) and ns.resume is None),
+                      move_earlier_run=not ({"output_dir", "workspace"} & set(explicit)) and dist["resume"] is None),
     ), notes

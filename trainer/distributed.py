@@ -8,14 +8,16 @@ import time
 
 import torch
 
+from trainer import clusters, rendezvous
 from trainer.errors import UsageError
 
 
 class Dist:
     """This process's view of the job; a world of one needs no process group."""
 
-    def __init__(self, rank=0, world_size=1, active=False):
+    def __init__(self, rank=0, world_size=1, active=False, store=None):
         self.rank, self.world_size, self.active = rank, world_size, active
+        self.store = store  # the store the group started from (rendezvous.open_store), None for other URLs
 
     @property
     def is_main(self):
@@ -115,15 +117,32 @@ def init(section, device):
     if section.world_size <= 1 or section.mode == "single":
         return Dist()
     backend = section.dist_backend or device.dist_backend
-    if section.dist_url.startswith("env://"):
-        os.environ["MASTER_ADDR"] = section.addr
-        os.environ["MASTER_PORT"] = str(section.port)
     try:
-        with _SayWhileWaiting(section):
-            torch.distributed.init_process_group(
-                backend=backend, init_method=section.dist_url, world_size=section.world_size, rank=section.rank,
-                timeout=datetime.timedelta(seconds=section.dist_timeout))
-    except (RuntimeError, ValueError) as exc:
+        with _SayWhileWaiting(section), rendezvous.quiet_stderr():
+            store = _start(section, backend)
+    except rendezvous.RendezvousError as exc:
+        exc.quiet = section.mode == "spawn" and bool(section.local_rank)  # spawn's ranks share one terminal
+        raise
+    return Dist(section.rank, section.world_size, active=True, store=store)
+
+
+def _start(section, backend):
+    """The store (env://: rendezvous.open_store) and the process group; its failures as one line."""
+    store = None
+    os.environ.update(clusters.hccl_timeout(os.environ))  # with a rank table, before HCCL starts
+    try:
+        if section.dist_url.startswith("env://"):
+            os.environ["MASTER_ADDR"] = section.addr
+            os.environ["MASTER_PORT"] = str(section.port)
+            store = rendezvous.open_store(section)
+        if store is not None:
+            kwargs = dict(store=torch.distributed.PrefixStore("trainer/group", store))
+        else:  # file://, or a launcher whose own store torch_npu opens from env:// (torch_npu_run)
+            kwargs = dict(init_method=section.dist_url)
+        torch.distributed.init_process_group(
+            backend=backend, world_size=section.world_size, rank=section.rank,
+            timeout=datetime.timedelta(seconds=section.dist_timeout), **kwargs)
+    except (RuntimeError, ValueError, OSError) as exc:  # OSError: torch 2.1's TimeoutError
         text = str(exc)
         if "in use" in text.lower() or "EADDRINUSE" in text:
             raise UsageError("port {} on {} is in use: pass --port N with a free port, or --port 0 to pick "
@@ -131,5 +150,8 @@ def init(section, device):
         if "backend" in text.lower() and backend in text:
             raise UsageError("distributed backend '{}' is not available in this torch ({})".format(
                 backend, text.splitlines()[0]))
-        raise
-    return Dist(section.rank, section.world_size, active=True)
+        failure = None if rendezvous.show_traces() else rendezvous.init_failure(exc, section)
+        if failure is None:
+            raise
+        raise failure
+    return store

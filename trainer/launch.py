@@ -5,6 +5,7 @@ and LR rules, rendezvous: docs/DESIGN.md."""
 import os
 import socket
 
+from trainer import clusters, rendezvous
 from trainer import device as devmod
 from trainer.errors import UsageError
 
@@ -40,6 +41,8 @@ def _place(ns, env):
 
     torchrun / torch.distributed.launch  RANK + WORLD_SIZE (+ LOCAL_RANK or --local_rank)
     the ModelZoo shell loop              RANK_SIZE + RANK_ID (+ LOCAL_RANK)
+    Slurm (srun, one task per device)    SLURM_PROCID + SLURM_NTASKS in a job step (trainer/clusters.py)
+    Ascend's rank table                  RANK_TABLE_FILE (+ RANK_ID, or DEVICE_ID / LOCAL_RANK on a listed host)
     a shell loop with spawn's flags      LOCAL_RANK + --multiprocessing-distributed (the Ascend guide's loop:
                                          this process is one of the node's ranks; nothing is spawned)
     spawn                                --multiprocessing-distributed
@@ -56,6 +59,7 @@ def _place(ns, env):
     url = ns.dist_url or "env://"
     if not url.startswith(("env://", "tcp://", "file://")):
         raise UsageError("--dist-url must be env://, tcp://HOST:PORT or file://PATH, got '{}'".format(url))
+    url, addr, port, url_notes = rendezvous.read_url(url, addr, port, ns.addr is not None, ns.port is not None)
     local_rank = ns.local_rank
     if env.get("LOCAL_RANK"):
         from_env = _env_int(env, "LOCAL_RANK")
@@ -66,15 +70,27 @@ def _place(ns, env):
         local_rank = None  # torch.distributed.launch's "not set" (-1)
     torchrun = "RANK" in env and "WORLD_SIZE" in env
     shell_loop = "RANK_SIZE" in env
+    slurm = None if torchrun or shell_loop else clusters.slurm_tasks(env)
+    table = None if torchrun else clusters.rank_table_place(env, rendezvous.is_local_address)
+    if table is not None and ns.multiprocessing_distributed and not any(
+            env.get(k) for k in ("RANK_ID", "RANK", "DEVICE_ID", "ASCEND_DEVICE_ID", "LOCAL_RANK")):
+        table = None  # spawn's one process per node: the table was checked, spawn places the ranks
+    placed = slurm or table
+    if placed and placed["addr"] and not ns.addr and not env.get("MASTER_ADDR") and not url_notes:
+        addr = placed["addr"]  # rank 0's host: the first of Slurm's node list, the rank table's server of rank 0
     env_world = _env_int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") and not torchrun else None
     out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
-           "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": ()}
+           "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": url_notes}
+    out["resume"], more = clusters.elastic_resume(getattr(ns, "resume", None), env if torchrun else {})
+    out["notes"] += more + tuple("RANK_TABLE_FILE: {}={} s (HCCL's link set-up waits 120 s by default)".format(k, v)
+                                 for k, v in clusters.hccl_timeout(env).items())
     spawn = ns.multiprocessing_distributed
-    if spawn and (torchrun or shell_loop):  # the guide's launch.py line passes it: the launcher's job
+    if spawn and (torchrun or shell_loop or placed):  # the guide's launch.py line passes it: the launcher's job
         spawn = False  # (in a ModelZoo loop it still says that --world-size / --rank count nodes: _modelzoo_loop)
-        if torchrun:
-            out["notes"] = ("--multiprocessing-distributed is ignored under torchrun / torch.distributed.launch: "
-                            "the launcher already started one process per device",)
+        if not shell_loop:
+            launcher = "torchrun / torch.distributed.launch" if torchrun else "srun" if slurm else "RANK_TABLE_FILE"
+            out["notes"] += ("--multiprocessing-distributed is ignored under {}: the launcher already started one "
+                             "process per device".format(launcher),)
     if spawn:
         nodes = ns.world_size if ns.world_size > 0 else 1
         node_rank = ns.rank if ns.rank >= 0 else 0
@@ -113,7 +129,17 @@ def _place(ns, env):
         out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
                    local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
                    node_rank=rank // per_node)
+        if table is not None:  # the ModelZoo loop with a rank table: the table says where each rank sits
+            if table["world_size"] != world or table["rank"] != rank:
+                raise UsageError("RANK_SIZE {} / RANK_ID {} do not match RANK_TABLE_FILE (rank {} of {}): export the "
+                                 "table's rank ids".format(world, rank, table["rank"], table["world_size"]))
+            out.update(nodes=table["nodes"], node_rank=table["node_rank"], procs_per_node=table["procs_per_node"],
+                       local_rank=table["local_rank"] if not env.get("LOCAL_RANK") else out["local_rank"])
         _check_gpu(ns, out)
+    elif placed is not None:
+        out.update(launch="process", world_size=placed["world_size"], rank=placed["rank"],
+                   local_rank=local_rank if local_rank is not None else placed["local_rank"],
+                   procs_per_node=placed["procs_per_node"], nodes=placed["nodes"], node_rank=placed["node_rank"])
     elif env_world is not None and env_world > 1 and ns.rank < 0:
         if local_rank is None:
             raise UsageError("WORLD_SIZE={} is set but nothing says which process this is: export RANK (and "

@@ -154,8 +154,8 @@ def spawn(cfg, kind, worker):
     if r is None:
         return 0
     code = ranks.codes()[r]
-    if code in (2, EXIT_DIVERGED):
-        return code  # the rank printed its one-line error already
+    if code in (2, EXIT_DIVERGED) or (code == 1 and not traces[r]):
+        return code  # the rank printed its one-line error already (exit 1 without a traceback: a failure it named)
     if traces[r]:
         sys.stderr.write(traces[r])
     how = "exit code {}".format(code) if code >= 0 else "signal {}".format(-code)

@@ -22,6 +22,8 @@ import models
 from trainer import amp as ampmod
 from trainer import affinity
 from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary, zoo
+from trainer.clusters import world_change
+from trainer.rendezvous import check_master, peer_failure, show_traces
 from trainer import device as devmod
 from trainer.device import Device, resolve_kind
 from trainer.engine import Engine
@@ -42,6 +44,7 @@ def preflight(cfg, given=frozenset(), reader=None):
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
     cfg, more = launch.settle_backend(cfg, kind)
     notes += more + launch.check_launch(cfg.launch, kind)
+    check_master(cfg.launch)
     if cfg.model.compile:
         missing = devmod.compile_missing(kind)
         if missing:
@@ -99,6 +102,7 @@ def worker(cfg, reader=None, notes=()):
         host_memory = devmod.keep_host_memory(device.kind)
         dist = distributed.init(cfg.launch, device)
     except UsageError as exc:
+        summary.failed_start(cfg, exc)
         return cli.report(exc)
     log, rs, node_lock = metrics.Logger(dist.rank), None, None
     log(affinity.describe(bound), all_ranks=True)
@@ -134,8 +138,9 @@ def worker(cfg, reader=None, notes=()):
         _finish(rs, "failed", one_line(exc))
         return cli.report(exc)
     except BaseException as exc:
-        if devmod.out_of_memory(exc):
-            line = cli.out_of_memory_line(cfg, device)
+        line = None if show_traces() else peer_failure(exc, cfg.launch, dist.store)
+        if line is not None or devmod.out_of_memory(exc):
+            line = line or cli.out_of_memory_line(cfg, device)
             _finish(rs, "failed", line)
             sys.stderr.write("error: {}\n".format(line))
             sys.stderr.flush()
@@ -479,6 +484,8 @@ def _restore(cfg, resume, model, step, device, log):
     diffs = ["{} {} (checkpoint {})".format(k, mine[k], saved[k]) for k in mine if k in saved and saved[k] != mine[k]]
     if diffs:
         log("note: the command line wins over the checkpoint's schedule: " + ", ".join(diffs))
+    for note in world_change(resume.entries.get("config"), cfg):
+        log("note: " + note)
     if cfg.run.start_epoch:
         log("note: --start-epoch {} ignored: resuming at epoch {} from the checkpoint".format(
             cfg.run.start_epoch, resume.epoch))

@@ -47,3 +47,15 @@ class RunSummary:
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
         checkpoint.atomic_write(self.path, lambda f: f.write(text.encode()))
+
+
+def failed_start(cfg, exc):
+    """A job that failed at its rendezvous (``exc`` a RendezvousError; other errors are left to the run): rank 0
+    records its line as the error in a folder that holds no summary yet (one of a run to resume is left alone)."""
+    from trainer.errors import one_line
+    from trainer.rendezvous import RendezvousError
+    if not isinstance(exc, RendezvousError):
+        return
+    path = os.path.join(cfg.run.output_dir, EVAL_SUMMARY if cfg.run.evaluate else SUMMARY)
+    if cfg.launch.rank == 0 and not os.path.exists(path):
+        RunSummary(cfg, path).write("failed", one_line(exc))
