@@ -53,7 +53,7 @@ def main(argv=None):
         p.error("--dtypes: choose from {}, got '{}'".format(", ".join(DTYPES), args.dtypes))
     device = Device.create(args.device)
     cudnn = getattr(torch.backends, "cudnn", None)
-    autotune = (False, True) if cudnn is not None and cudnn.is_available() else (False,)
+    autotune = (False, True) if cudnn is not None and cudnn.is_available() and torch.cuda.is_available() else (False,)
     results = []
     for arch, batch in args.model or MODELS:
         for bench in autotune:

@@ -115,8 +115,10 @@ def test_evaluate_measures_the_forward_at_the_validation_crop(shapes, tmp_path, 
                                      "-b", "8", "--val-resize-size", "40", "--val-crop-size", "36", "-j", "0"],
                                     capsys, forced(0.1, 0.05, calls))
     assert rc == 0, err[-3000:]
-    amp = read_summary(tmp_path / "ev", "eval_summary.json")["amp"]
+    s = read_summary(tmp_path / "ev", "eval_summary.json")
+    amp = s["amp"]
     assert amp["dtype"] == "bfloat16" and amp["probe"]["backward"] is False and amp["probe"]["size"] == 36
+    assert "note: " + amp["note"] in out and amp["note"] in s["notes"] and "(36 px, batch 8, " in amp["note"]
     assert calls == ["float32", "bfloat16"]
 
 
@@ -148,7 +150,9 @@ def test_the_probe_leaves_the_model_and_the_rng_as_they_were():
 
 def test_a_costly_verdict_is_kept_and_read_back_per_model_and_shape(tmp_path):
     folder = str(tmp_path / "cache")
-    first = amp_probe.measure(tiny(), CPU, SHAPE, timer=forced(0.2, 0.1, []), cache=folder, cache_after_s=0.0)
+    idle = lambda: 0.0  # noqa: E731 (the load average: an idle machine)
+    first = amp_probe.measure(tiny(), CPU, SHAPE, timer=forced(0.2, 0.1, []), cache=folder, cache_after_s=0.0,
+                              load=idle)
     assert first.dtype == torch.bfloat16 and first.cache_file and os.path.dirname(first.cache_file) == folder
     entry = json.loads(open(first.cache_file).read())
     assert entry["choice"] == "bfloat16" and entry["key"]["arch"] == "tiny" and entry["key"]["size"] == 16
@@ -161,11 +165,17 @@ def test_a_costly_verdict_is_kept_and_read_back_per_model_and_shape(tmp_path):
     # another shape is another verdict; a cheap probe is not kept
     other = amp_probe.measure(tiny(), CPU, dict(SHAPE, size=20), timer=forced(0.1, 0.2, []), cache=folder)
     assert other.dtype is None and not other.cached and other.cache_file is None
+    # a verdict measured on a busy machine (load average above its cores) is not kept either
+    busy = amp_probe.measure(tiny(), CPU, dict(SHAPE, size=24), timer=forced(0.2, 0.1, []), cache=folder,
+                             cache_after_s=0.0, load=lambda: 99.0)
+    assert busy.cache_file is None and busy.as_dict()["busy_load_average"] == 99.0
+    assert "busy (load average 99.0 on" in busy.note() and "not kept" in busy.note()
     assert sorted(os.listdir(folder)) == [os.path.basename(first.cache_file)]
     # an unreadable file is measured again (and replaced)
     with open(first.cache_file, "w") as f:
         f.write("{not json")
-    redo = amp_probe.measure(tiny(), CPU, SHAPE, timer=forced(0.1, 0.2, []), cache=folder, cache_after_s=0.0)
+    redo = amp_probe.measure(tiny(), CPU, SHAPE, timer=forced(0.1, 0.2, []), cache=folder, cache_after_s=0.0,
+                             load=idle)
     assert not redo.cached and redo.dtype is None
     assert json.loads(open(first.cache_file).read())["choice"] == "float32"
 

@@ -36,7 +36,8 @@ Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a ta
                   every output, gradient and BN buffer within 1e-3 of its largest value
   ddp             a one-device run spawned through --multiprocessing-distributed (nccl / hccl / gloo)
 
---small uses tiny models and images (a 2-core CPU runs the 11 checks other than fps-compiled in about 90 s);
+--small uses tiny models and images (a 2-core CPU runs the 11 checks other than fps-compiled and amp-dtype in
+about 90 s; amp-dtype times ResNet18 at 224 px, batch 8, wherever a verdict is to be read: about 25 s more);
 without it the sizes are the ones that matter on an accelerator (ResNet50 at batch 256, ShuffleNetV2 at batch
 1024, 224 px).
 Exit codes: 0 no FAIL, 1 a FAIL, 2 a usage error. Training output goes to --work-dir/*.log.

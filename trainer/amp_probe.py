@@ -91,9 +91,10 @@ class Verdict:
     """What the probe found: ``dtype`` (None: float32), images/s per dtype name, its cost in seconds, the shape
     measured, and where it was cached or read from."""
 
-    def __init__(self, dtype, rates, seconds, shape, measured_at, cache_file=None, cached=False):
+    def __init__(self, dtype, rates, seconds, shape, measured_at, cache_file=None, cached=False, busy=None):
         self.dtype, self.rates, self.seconds, self.shape = dtype, dict(rates), seconds, dict(shape)
         self.measured_at, self.cache_file, self.cached = measured_at, cache_file, cached
+        self.busy = busy  # the load average, where it exceeded the cores while measuring
 
     @property
     def ratio(self):
@@ -104,7 +105,7 @@ class Verdict:
                 "bfloat16_img_s": round(self.rates["bfloat16"], 3),
                 "bfloat16_over_float32": round(self.ratio, 4) if self.ratio is not None else None,
                 "seconds": round(self.seconds, 3), "margin": MARGIN, "measured_at": self.measured_at,
-                "cached": self.cached, "cache_file": self.cache_file, **self.shape}
+                "cached": self.cached, "cache_file": self.cache_file, "busy_load_average": self.busy, **self.shape}
 
     def note(self):
         s = self.shape
@@ -120,6 +121,9 @@ class Verdict:
             text += " on {} (read from {}; delete it to measure again)".format(self.measured_at, self.cache_file)
         elif self.cache_file:
             text += " (kept in {})".format(self.cache_file)
+        elif self.busy is not None:
+            text += " while the machine was busy (load average {:.1f} on {} cores: not kept)".format(
+                self.busy, devmod.usable_cpus())
         return text + (": training in bfloat16" if faster else
                        ": training in float32 (--amp-dtype bfloat16 forces bfloat16)")
 
@@ -140,11 +144,21 @@ def _read_cache(path, key):
         return None  # absent or unreadable: measure again
 
 
-def measure(model, device, shape, candidate=torch.bfloat16, timer=None, cache=None, cache_after_s=CACHE_AFTER_S):
+def load_average():
+    """The 1-minute load average, or None where the OS does not tell it."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def measure(model, device, shape, candidate=torch.bfloat16, timer=None, cache=None, cache_after_s=CACHE_AFTER_S,
+            load=load_average):
     """The ``Verdict`` for ``model`` on ``device`` at ``shape`` ({"arch", "size", "batch", "channels_last",
-    "backward", "num_classes"}): float32 against ``candidate`` autocast. ``timer(step, dtypes)``:
-    ``time_steps``'s contract (the seam tests force a verdict through). ``cache``: the folder of kept verdicts
-    (default ``cache_dir()``; False: none)."""
+    "backward"}): float32 against ``candidate`` autocast. ``timer(step, dtypes)``: ``time_steps``'s contract
+    (the seam tests force a verdict through). ``cache``: the folder of kept verdicts (default ``cache_dir()``;
+    False: none). A verdict measured while ``load()`` (the load average) exceeded the usable cores is not kept:
+    other processes then decide the step times more than the dtypes do."""
     shape = {k: shape[k] for k in ("arch", "size", "batch", "channels_last", "backward")}
     folder = cache_dir() if cache is None else cache
     key = _key(shape, candidate)
@@ -167,8 +181,9 @@ def measure(model, device, shape, candidate=torch.bfloat16, timer=None, cache=No
     rates = {name: shape["batch"] / max(seconds[name], 1e-9) for name, _ in names}
     dtype = candidate if rates["bfloat16"] >= MARGIN * rates["float32"] else None
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    kept = None
-    if path is not None and cost >= cache_after_s:
+    kept, busy = None, load()
+    busy = busy if busy is not None and busy > devmod.usable_cpus() else None
+    if path is not None and cost >= cache_after_s and busy is None:
         try:
             os.makedirs(folder, exist_ok=True)
             text = json.dumps({"key": key, "choice": dtype_name(dtype), "rates": rates, "seconds": cost,
@@ -177,7 +192,7 @@ def measure(model, device, shape, candidate=torch.bfloat16, timer=None, cache=No
             kept = path
         except OSError:
             pass  # a read-only home: the next run measures again
-    return Verdict(dtype, rates, cost, shape, when, kept)
+    return Verdict(dtype, rates, cost, shape, when, kept, busy=busy)
 
 
 def _num_classes(model):

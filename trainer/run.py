@@ -255,7 +255,7 @@ def build(cfg, device, dist, log, rs, reader, notes=(), amp_timer=None):
                  train_loader=train_loader, val_loader=val_loader,
                  normalizer=data.Normalizer(device, cfg.model.channels_last), resume_path=resume_path)
     if cfg.run.evaluate:
-        _log_notes(notes, log, rs)
+        _log_notes(tuple(notes) + tuple(n for n in (precision.note,) if n), log, rs)
         sd = checkpoint.state_dict_of(reader.read(resume_path), resume_path) if resume_path is not None else None
         return Job(model=model, model_for_eval=model, eval_state_dict=sd, **parts)
 
