@@ -122,8 +122,8 @@ class Verdict:
         elif self.cache_file:
             text += " (kept in {})".format(self.cache_file)
         elif self.busy is not None:
-            text += " while the machine was busy (load average {:.1f} on {} cores: not kept)".format(
-                self.busy, devmod.usable_cpus())
+            text += " while the machine was busy (load average {:.1f} on {} cores{})".format(
+                self.busy, devmod.usable_cpus(), ": not kept" if self.seconds >= CACHE_AFTER_S else "")
         return text + (": training in bfloat16" if faster else
                        ": training in float32 (--amp-dtype bfloat16 forces bfloat16)")
 
