@@ -6,7 +6,7 @@ beside what `--amp` (auto) would train in: on a device that measures its choice 
 the probe's verdict, both its rates and its cost, for the same model at the same size.
 
     python3 -m bench.amp_dtype [--device auto] [--model ARCH:BATCH ...] [--dtypes float32,bfloat16,float16]
-                               [--steps 40] [--warmup 15] [--rounds 2] [--size 224] [--json FILE]
+                               [--steps 40] [--warmup 15] [--rounds 2] [--probes 1] [--size 224] [--json FILE]
 
 All loops run in this one process and are repeated --rounds times in turn (A B C A B C), so drift of the
 machine shows as a spread; the report gives images/s per loop (mean of rounds, min-max) and each dtype's
@@ -15,12 +15,14 @@ ratio to float32 (and float16's to bfloat16 where both ran). A CPU row (docs/BEN
 """
 import argparse
 import json
+import os
 import sys
 
 import torch
 
 import models
 from tools._battery import auto_choice, bare_loop, describe_auto
+from trainer.amp_probe import load_average
 from trainer.device import Device
 
 MODELS = (("resnet50", 256), ("shufflenet_v2_x1_0_npu", 1024))
@@ -45,6 +47,8 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--probes", type=int, default=1,
+                   help="measure --amp's verdict this many times per model (how stable it is on this machine)")
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -55,6 +59,7 @@ def main(argv=None):
     cudnn = getattr(torch.backends, "cudnn", None)
     autotune = (False, True) if cudnn is not None and cudnn.is_available() and torch.cuda.is_available() else (False,)
     results = []
+    load = [load_average()]
     for arch, batch in args.model or MODELS:
         for bench in autotune:
             if cudnn is not None:
@@ -66,6 +71,8 @@ def main(argv=None):
             row = {"arch": arch, "batch": batch, "cudnn_benchmark": bench,
                    "fps": {k: sum(v) / len(v) for k, v in runs.items()}, "runs": runs,
                    "auto": auto_choice(device, arch, batch, args.size)}
+            row["probes"] = [row["auto"]] + [auto_choice(device, arch, batch, args.size)
+                                             for _ in range(args.probes - 1)]
             if "float16" in runs and "bfloat16" in runs:
                 row["fp16_over_bf16"] = row["fps"]["float16"] / row["fps"]["bfloat16"]
             base = row["fps"].get("float32")
@@ -75,10 +82,15 @@ def main(argv=None):
                     k, row["fps"][k], min(runs[k]), max(runs[k]),
                     ", x{:.2f}".format(row["fps"][k] / base) if base else "") for k in runs)
                 + ("" if "fp16_over_bf16" not in row else " | fp16/bf16 {:.3f}".format(row["fp16_over_bf16"]))
-                + " | " + describe_auto(row["auto"]), flush=True)
+                + " | " + " | ".join(describe_auto(a) for a in row["probes"]), flush=True)
+    load.append(load_average())
+    if None not in load:  # other processes' share of the cores, which the rounds' spread reflects
+        print("load average {:.1f} at the start, {:.1f} at the end ({} cores)".format(load[0], load[1],
+                                                                                  os.cpu_count()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device.name, "torch": torch.__version__, "results": results}, f, indent=1)
+            json.dump({"device": device.name, "torch": torch.__version__, "load_average": load, "results": results},
+                      f, indent=1)
     return 0
 
 
