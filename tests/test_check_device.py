@@ -138,3 +138,22 @@ def test_the_data_sections_device_backend_choices_reach_its_loader_spec(tmp_path
     assert (seen[0].decode_ahead, seen[0].batched_crops, seen[0].batch_per_rank) == (False, True, 2)
     assert (seen[1].decode_ahead, seen[1].batched_crops) == (None, None)
     assert Device.decode_ahead is False and Device.crops_per_image is False
+
+
+def test_amp_dtype_check_gives_the_verdict_beside_bare_loops(tmp_path):
+    """amp-dtype on this CPU: what --amp trains ResNet18 in (the probe's record where bfloat16 is native), beside
+    bare loops of both dtypes; PASS exactly when the choice ran at least 0.9x the other (no timing asserted)."""
+    from trainer.device import cpu_native_bf16
+    out = tmp_path / "r.json"
+    rc = check_device.main(["--small", "--device", "cpu", "--only", "amp-dtype", "--json", str(out),
+                            "--work-dir", str(tmp_path / "w")])
+    row = json.loads(out.read_text())["checks"][0]
+    assert row["name"] == "amp-dtype" and row["arch"] == "resnet18" and rc == (0 if row["status"] == "PASS" else 1)
+    if not cpu_native_bf16():
+        assert row["status"] == "PASS" and row["auto"]["choice"] == "float32" and "no native bfloat16" in row["detail"]
+        return
+    auto = row["auto"]
+    assert set(row["bare_fps"]) == {"float32", "bfloat16"} and auto["choice"] in row["bare_fps"]
+    assert auto["float32_img_s"] > 0 and auto["bfloat16_img_s"] > 0 and auto["seconds"] > 0 and not auto["cached"]
+    assert "probe: float32" in row["detail"] and "bare loops float32" in row["detail"]
+    assert (row["status"] == "PASS") == (row["ratio"] >= 0.9)

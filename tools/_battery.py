@@ -137,6 +137,66 @@ def bare_loop(device, arch, batch, size, steps, warm, amp_dtype="auto"):
     return steps * batch / (time.time() - t0)
 
 
+def auto_choice(device, arch, batch, size):
+    """What ``--amp`` (auto) trains ``arch`` in on ``device`` at ``size`` px: {"choice": dtype name, ...}; where the
+    device measures its choice (``Device.measures_amp_dtype``), the probe's record (trainer/amp_probe.py: both rates
+    and its cost, measured afresh rather than read from the cache), else {"choice", "rule"}."""
+    import models
+    from trainer import amp_probe
+    candidate, note = device.resolve_amp_dtype("auto")
+    if not device.measures_amp_dtype or candidate is None:
+        return {"choice": amp_probe.dtype_name(candidate), "rule": note or "the device's rule"}
+    torch.manual_seed(0)
+    model = models.get_model(arch, num_classes=1000)
+    if hasattr(model, "set_index_dtype"):
+        model.set_index_dtype(device.index_dtype)
+    model = model.to(device.torch_device).to(memory_format=torch.channels_last)
+    shape = {"arch": arch, "size": size, "batch": min(amp_probe.BATCH, batch), "channels_last": True,
+             "backward": True}
+    return amp_probe.measure(model, device, shape, candidate, cache=False).as_dict()
+
+
+def fps_amp(device, arch, batch, size):
+    """(main.py's precision flags, ``bare_loop``'s amp_dtype) of check_device's FPS checks: --amp, and the dtype it
+    trains in; where the device measures its choice, measured once here and given to both (one verdict)."""
+    if not device.measures_amp_dtype:
+        return ["--amp"], "auto"
+    choice = auto_choice(device, arch, batch, size)["choice"]
+    return (["--amp", "--amp-dtype", choice], choice) if choice != "float32" else ([], None)
+
+
+def describe_auto(auto):
+    """One line for ``auto_choice``'s answer."""
+    if "float32_img_s" not in auto:
+        return "auto: {} ({})".format(auto["choice"], auto["rule"])
+    return "auto: {} (probe: float32 {:.1f}, bfloat16 {:.1f} img/s = x{:.2f}, {:.1f} s)".format(
+        auto["choice"], auto["float32_img_s"], auto["bfloat16_img_s"], auto["bfloat16_over_float32"], auto["seconds"])
+
+
+def amp_dtype_verdict(device, arch, batch, size, steps, warm, slack=0.9):
+    """(ok, detail, values) of the amp-dtype check: ``auto_choice`` beside bare loops (``bare_loop``) of float32
+    and of the dtype auto offers, two rounds interleaved. ok: auto's choice runs at least ``slack`` of the other's
+    images/s (--amp is never a slowdown); nothing to compare where auto is float32 by the device's rule (bfloat16
+    is emulated there: its loop would take minutes)."""
+    auto = auto_choice(device, arch, batch, size)
+    offered = device.resolve_amp_dtype("auto")[0]
+    if offered is None:
+        return True, "{} bs {} {} px: {}".format(arch, batch, size, describe_auto(auto)), {"auto": auto}
+    other = str(offered).replace("torch.", "")
+    loops = {"float32": [], other: []}
+    for _ in range(2):
+        for name in loops:
+            loops[name].append(bare_loop(device, arch, batch, size, steps, warm, None if name == "float32" else other))
+    fps = {k: sum(v) / len(v) for k, v in loops.items()}
+    chosen = auto["choice"]
+    rest = [k for k in fps if k != chosen]
+    ratio = fps[chosen] / fps[rest[0]] if rest and fps[rest[0]] else 1.0
+    detail = "{} bs {} {} px: bare loops {}; {}: x{:.2f} the other".format(
+        arch, batch, size, ", ".join("{} {:.1f} img/s".format(k, v) for k, v in fps.items()), describe_auto(auto),
+        ratio)
+    return ratio >= slack, detail, {"auto": auto, "bare_fps": fps, "bare_runs": loops, "ratio": ratio}
+
+
 class _Capture:
     def __init__(self):
         self.parts = []

@@ -10,6 +10,8 @@ Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a ta
   train-fp32      a short run on generated JPEG images: the loss falls, Acc@1 clears chance, status ok
   train-amp       the same with --amp (the device's automatic dtype); skipped steps bounded
   train-fp16      the same with --amp --amp-dtype float16 (float16 + loss scaler), where auto is not float16
+  amp-dtype       what --amp (auto) trains in (on a CPU: the probe's verdict, both its rates and its cost) beside
+                  bare loops of float32 and of the dtype auto offers: PASS where auto's choice is not slower
   guard           --amp with lr 1e12: status diverged, exit code 4, the checkpoint left as it was
   fps-resnet50, fps-shufflenet
                   the trainer's images/s (--dummy, --amp, channels-last) against a bare forward/backward/
@@ -34,7 +36,8 @@ Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a ta
                   every output, gradient and BN buffer within 1e-3 of its largest value
   ddp             a one-device run spawned through --multiprocessing-distributed (nccl / hccl / gloo)
 
---small uses tiny models and images (a 2-core CPU runs the 11 checks other than fps-compiled in about 90 s);
+--small uses tiny models and images (a 2-core CPU runs the 11 checks other than fps-compiled and amp-dtype in
+about 90 s; amp-dtype times ResNet18 at 224 px, batch 8, wherever a verdict is to be read: about 25 s more);
 without it the sizes are the ones that matter on an accelerator (ResNet50 at batch 256, ShuffleNetV2 at batch
 1024, 224 px).
 Exit codes: 0 no FAIL, 1 a FAIL, 2 a usage error. Training output goes to --work-dir/*.log.
@@ -50,15 +53,15 @@ import time
 
 import torch
 
-from tools._battery import (_Capture, _f, _tail, backends_alike, bare_loop, epoch_losses, overflow_contract,
-                            train_in_process)
+from tools._battery import (_Capture, _f, _tail, amp_dtype_verdict, backends_alike, bare_loop, epoch_losses,
+                            fps_amp, overflow_contract, train_in_process)
 from trainer import cli
 from trainer.device_names import DEVICE_DECODE, HOST_DECODE
 from trainer.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-CHECKS = ("contract", "train-fp32", "train-amp", "train-fp16", "guard", "fps-resnet50", "fps-shufflenet",
+CHECKS = ("contract", "train-fp32", "train-amp", "train-fp16", "amp-dtype", "guard", "fps-resnet50", "fps-shufflenet",
           "fps-compiled", "backends", "onnx", "precision", "ddp")
 # the backends check: the largest Acc@1 gap between the runs trained from each data backend that still reads
 # as "alike" (the spread between seeds of one backend is of this order: docs/BENCHMARKS.md), and between a
@@ -89,6 +92,8 @@ class Sizes:
                     if small else
                     {"fps-resnet50": ("resnet50", 256, 224), "fps-shufflenet": ("shufflenet_v2_x1_0_npu", 1024, 224)})
         self.fps_steps, self.fps_warmup = (8, 3) if small else (60, 15)
+        # amp-dtype: (arch, batch, px, steps, warm-up) of a model whose verdict matters (a CPU's is real ResNet18)
+        self.amp_dtype = ("resnet18", 8, 224, 3, 1) if small else ("resnet50", 256, 224, 20, 5)
         self.compiled = ("fps-resnet50",) if small else ("fps-resnet50", "fps-shufflenet")  # fps-compiled's
         # JPEG-fed FPS as a fraction of the synthetic FPS: a tiny CPU model is decode-bound by nature; on an
         # accelerator ResNet50 must be fed at 90 % and ShuffleNetV2 (3x the images/s) at 70 %
@@ -205,6 +210,11 @@ class Battery:
             return
         self._train("train-fp16", ["--amp", "--amp-dtype", "float16"])
 
+    def check_amp_dtype(self):
+        arch, batch, size, steps, warm = self.sizes.amp_dtype
+        ok, detail, values = amp_dtype_verdict(self.device, arch, batch, size, steps, warm)
+        self.record("amp-dtype", ok, detail, arch=arch, batch=batch, image_size=size, **values)
+
     def check_guard(self):
         name = "guard"
         args = [self.dataset(), "-a", self.sizes.train_arch] + self.base() + ["-b", "16", "--max-steps-per-epoch",
@@ -226,13 +236,14 @@ class Battery:
     def check_fps(self, name):
         arch, batch, size = self.sizes.fps[name]
         steps, warm = self.sizes.fps_steps, self.sizes.fps_warmup
-        bare1 = bare_loop(self.device, arch, batch, size, steps, warm)
-        trainer = self._trainer_fps(name, arch, batch, size, steps, warm)
-        bare2 = bare_loop(self.device, arch, batch, size, steps, warm)
+        amp, bare_dtype = fps_amp(self.device, arch, batch, size)
+        bare1 = bare_loop(self.device, arch, batch, size, steps, warm, bare_dtype)
+        trainer = self._trainer_fps(name, arch, batch, size, steps, warm, amp=amp)
+        bare2 = bare_loop(self.device, arch, batch, size, steps, warm, bare_dtype)
         bare = (bare1 + bare2) / 2.0
         ratio = trainer / bare if bare and trainer else 0.0
         data = self.jpeg_data((steps + warm) * batch)
-        jpeg, backend = self._trainer_fps(name + "-jpeg", arch, batch, size, steps, warm, data=data)
+        jpeg, backend = self._trainer_fps(name + "-jpeg", arch, batch, size, steps, warm, data=data, amp=amp)
         fed = jpeg / trainer if trainer and jpeg else 0.0
         need = self.sizes.jpeg_pass[name]
         detail = ("{} bs {} {} px: trainer {:.0f} img/s, bare loop {:.0f} ({:.0f} / {:.0f}) = {:.3f}; from JPEGs "
@@ -242,7 +253,7 @@ class Battery:
         other = self.other_data_backend(backend)
         if other is not None:  # both backends in one call: which one --data-backend auto should be
             by_backend[other], _ = self._trainer_fps(name + "-jpeg-" + other, arch, batch, size, steps, warm,
-                                                     data=data, backend=other)
+                                                     data=data, backend=other, amp=amp)
             detail += "; {} backend {:.0f} img/s = {:.2f}{}".format(
                 other, by_backend[other], by_backend[other] / trainer if trainer else 0.0,
                 " (faster than the default)" if by_backend[other] > jpeg else "")
@@ -251,7 +262,7 @@ class Battery:
         if DEVICE_DECODE in by_backend and ahead:  # what the decode thread gives, same run
             extra["jpeg_fps_decode_on_training_thread"], _ = self._trainer_fps(
                 name + "-jpeg-" + DEVICE_DECODE + "-inline", arch, batch, size, steps, warm, data=data,
-                backend=DEVICE_DECODE, decode_ahead=False)
+                backend=DEVICE_DECODE, decode_ahead=False, amp=amp)
             detail += "; {} backend decoding on the training thread {:.0f} img/s".format(
                 DEVICE_DECODE, extra["jpeg_fps_decode_on_training_thread"])
         self.record(name, ratio >= self.sizes.fps_pass and fed >= need, detail,
@@ -266,8 +277,9 @@ class Battery:
         steps, warm = self.sizes.fps_steps, self.sizes.fps_warmup
         for name in self.sizes.compiled:
             arch, batch, size = self.sizes.fps[name]
-            eager = self._trainer_fps(name + "-eager", arch, batch, size, steps, warm)
-            fps, s = self._trainer_fps(name + "-compiled", arch, batch, size, steps, warm, compiled=True)
+            amp = fps_amp(self.device, arch, batch, size)[0]
+            eager = self._trainer_fps(name + "-eager", arch, batch, size, steps, warm, amp=amp)
+            fps, s = self._trainer_fps(name + "-compiled", arch, batch, size, steps, warm, compiled=True, amp=amp)
             graph = s.get("compile") or {}
             rows[arch] = {"eager_fps": eager, "compiled_fps": fps, "ratio": fps / eager if eager else None,
                           "compile_seconds": s.get("compile_seconds"), "status": s.get("status"),
@@ -313,16 +325,17 @@ class Battery:
         return root
 
     def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None, decode_ahead=None,
-                     compiled=False):
+                     compiled=False, amp=("--amp",)):
         """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``
         (``backend``: a --data-backend; default: the trainer's; ``decode_ahead``: see train_in_process; None:
-        the battery's choice); ``compiled``: with --compile, (train_fps, summary)."""
+        the battery's choice; ``amp``: its precision flags); ``compiled``: with --compile, (train_fps, summary)."""
         decode_ahead = self.decode_ahead if decode_ahead is None else decode_ahead
         source = ["--dummy"] if data is None else [data, "-j", str(min(32, os.cpu_count() or 1))]
         if backend is not None:
             source += ["--data-backend", backend]
         _, s, _ = train_in_process(os.path.join(self.work, name), source + [
-            "-a", arch, "-b", str(batch), "--amp", "--channels-last", "--device", self.device.kind, "--epochs", "1",
+            "-a", arch, "-b", str(batch)] + list(amp) + [
+            "--channels-last", "--device", self.device.kind, "--epochs", "1",
             "--max-steps-per-epoch", str(steps + warm), "--fps-warmup-steps", str(warm), "--no-validate",
             "--train-crop-size", str(size), "--seed", "0", "-p", str(steps + warm)]
             + (["--compile"] if compiled else []), batched=False, decode_ahead=decode_ahead)

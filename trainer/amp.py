@@ -20,10 +20,12 @@ class Precision:
     """The resolved precision of a run: ``impl`` none | native | apex, the autocast dtype (None: float32),
     the loss scale (None: dynamic), and a note for the log (or None)."""
 
-    def __init__(self, requested, impl, dtype, loss_scale, opt_level=None, note=None, combine_ddp=False):
+    def __init__(self, requested, impl, dtype, loss_scale, opt_level=None, note=None, combine_ddp=False,
+                 probe=None):
         self.requested, self.impl, self.dtype = requested, impl, dtype
         self.loss_scale, self.opt_level, self.note = loss_scale, opt_level, note
         self.combine_ddp = combine_ddp
+        self.probe = probe  # what timing the model found where auto is measured (trainer/amp_probe.py), or None
 
     @property
     def enabled(self):
@@ -92,9 +94,11 @@ def _check_apex(section, kind):
         raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")
 
 
-def resolve(section, device, world_size=1):
+def resolve(section, device, world_size=1, decide=None):
     """The run's ``Precision`` on ``device`` from the config's precision section (a config.PrecisionConfig, settled
-    by ``settle``) in a job of ``world_size`` processes."""
+    by ``settle``) in a job of ``world_size`` processes. ``decide(dtype, note)`` -> (dtype, note, record): where
+    the device measures its ``auto`` dtype (``Device.measures_amp_dtype``), the measurement of the run's model
+    (trainer/amp_probe.py ``for_run``; called on every rank); without it the device's rule stands."""
     p = section
     if not p.amp:
         return Precision(p.amp_dtype, "none", None, None)
@@ -102,13 +106,17 @@ def resolve(section, device, world_size=1):
         return Precision(p.amp_dtype, "apex", torch.float16, p.loss_scale, p.opt_level,
                          combine_ddp=p.combine_ddp and world_size != 1)
     dtype, note = device.resolve_amp_dtype(p.amp_dtype)
+    probe = None
+    if decide is not None and p.amp_dtype == "auto" and device.measures_amp_dtype:
+        dtype, note, probe = decide(dtype, note)
     if dtype != torch.float16 and p.loss_scale is not None:
         extra = "{} needs no loss scaling: --loss-scale {:g} is not used".format(
             "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", p.loss_scale)
         note = extra if note is None else note + "; " + extra
     if dtype is None:
-        return Precision(p.amp_dtype, "none", None, None, note=note)
-    return Precision(p.amp_dtype, "native", dtype, p.loss_scale if dtype == torch.float16 else None, note=note)
+        return Precision(p.amp_dtype, "none", None, None, note=note, probe=probe)
+    return Precision(p.amp_dtype, "native", dtype, p.loss_scale if dtype == torch.float16 else None, note=note,
+                     probe=probe)
 
 
 def inspection_dtype(device, requested="auto"):
@@ -240,7 +248,7 @@ class OptimizerStep:
                 "opt_level": p.opt_level,
                 "loss_scale": None if not p.scaled else ("dynamic" if p.loss_scale is None else p.loss_scale),
                 "final_loss_scale": self.loss_scale(), "overflow_steps": self.overflow_steps(),
-                "optimizer": self.name, "note": "; ".join(self.notes) or None}
+                "optimizer": self.name, "note": "; ".join(self.notes) or None, "probe": p.probe}
 
 
 class PlainStep(OptimizerStep):

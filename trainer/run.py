@@ -20,7 +20,7 @@ import torch
 
 import models
 from trainer import amp as ampmod
-from trainer import affinity
+from trainer import affinity, amp_probe
 from trainer import checkpoint, cli, data, distributed, folders, graph, launch, metrics, observe, ranks, summary, zoo
 from trainer.clusters import world_change
 from trainer.rendezvous import check_master, peer_failure, show_traces
@@ -70,9 +70,10 @@ def preflight(cfg, given=frozenset(), reader=None):
     return cfg, notes
 
 
-def run(cfg, notes=(), given=frozenset()):
+def run(cfg, notes=(), given=frozenset(), amp_timer=None):
     """Entry point after parsing (``notes`` and ``given`` as ``parse_config`` returned them): returns the
-    process exit code."""
+    process exit code. ``amp_timer``: the timing function of the --amp dtype probe (trainer/amp_probe.py
+    ``time_steps`` by default)."""
     reader = checkpoint.Reader()
     cfg, more = preflight(cfg, given, reader)
     notes = tuple(notes) + more
@@ -82,14 +83,14 @@ def run(cfg, notes=(), given=frozenset()):
         notes += more
     try:
         if cfg.launch.mode == "spawn":  # the ranks read for themselves
-            return ranks.spawn(cfg, cfg.launch.device, functools.partial(worker, notes=notes))
-        return worker(cfg, reader, notes)
+            return ranks.spawn(cfg, cfg.launch.device, functools.partial(worker, notes=notes, amp_timer=amp_timer))
+        return worker(cfg, reader, notes, amp_timer)
     finally:
         if held_lock is not None:
             held_lock.release()
 
 
-def worker(cfg, reader=None, notes=()):
+def worker(cfg, reader=None, notes=(), amp_timer=None):
     """One process (one rank). Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
     130 interrupted; anything else is raised (exit 1). ``reader``: the files ``preflight`` read in this
     process; ``notes``: what parsing and preflight settled, logged once the run is built."""
@@ -117,7 +118,7 @@ def worker(cfg, reader=None, notes=()):
             name = summary.EVAL_SUMMARY if cfg.run.evaluate else summary.SUMMARY
             rs = summary.RunSummary(cfg, os.path.join(cfg.run.output_dir, name))
             rs.update(host_memory=host_memory, cpu_binding=bound, device_settings=settings)
-        job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader(), notes)
+        job = build(cfg, device, dist, log, rs, reader or checkpoint.Reader(), notes, amp_timer)
         return evaluate(job) if cfg.run.evaluate else train(job)
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
@@ -200,7 +201,7 @@ def _log_notes(notes, log, rs):
         rs.update(notes=list(notes))
 
 
-def build(cfg, device, dist, log, rs, reader, notes=()):
+def build(cfg, device, dist, log, rs, reader, notes=(), amp_timer=None):
     world = dist.world_size
     batch_per_rank = cfg.run.batch_size // world
     procs = max(1, cfg.launch.procs_per_node)
@@ -232,7 +233,8 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
         raise UsageError("--num-classes {} is below the {} class folders in the data".format(
             cfg.model.num_classes, info.num_classes))
     model = build_model(cfg, num_classes, device, world, log, reader)
-    precision = ampmod.resolve(cfg.precision, device, world)
+    precision = ampmod.resolve(cfg.precision, device, world,
+                               amp_probe.for_run(cfg, model, device, dist, batch_per_rank, timer=amp_timer))
     log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
         "| amp {} | data {} ({} classes, {} train / {} val images, {} backend, {} workers per process)".format(
             cfg.model.arch, device.name, world, batch_per_rank, cfg.run.batch_size, cfg.optim.lr, cfg.optim.lr_schedule,
@@ -245,7 +247,7 @@ def build(cfg, device, dist, log, rs, reader, notes=()):
                  train_loader=train_loader, val_loader=val_loader,
                  normalizer=data.Normalizer(device, cfg.model.channels_last), resume_path=resume_path)
     if cfg.run.evaluate:
-        _log_notes(notes, log, rs)
+        _log_notes(tuple(notes) + tuple(n for n in (precision.note,) if n), log, rs)
         sd = checkpoint.state_dict_of(reader.read(resume_path), resume_path) if resume_path is not None else None
         return Job(model=model, model_for_eval=model, eval_state_dict=sd, **parts)
 
@@ -312,6 +314,8 @@ def build_model(cfg, num_classes, device, world, log=None, reader=None):
 
 def _amp_label(precision):
     if not precision.enabled:
+        if precision.probe is not None:
+            return "off (float32: measured faster than bfloat16 here)"
         return "off" if precision.note is None else "off (float32: no native bfloat16 here)"
     return "{} {}".format(precision.impl, precision.dtype_name)
 
@@ -457,7 +461,7 @@ def evaluate(job):
                   final_acc1=val.acc1, final_acc5=val.acc5, best_acc1=val.acc1, val_images=val.images,
                   val_loss=val.loss, data_layout=job.info.layout, checkpoint=job.resume_path,
                   amp={"enabled": p.enabled, "impl": p.impl, "requested_dtype": p.requested,
-                       "dtype": p.dtype_name, "note": p.note},
+                       "dtype": p.dtype_name, "note": p.note, "probe": p.probe},
                   num_classes=model_num_classes(model))
         rs.write("ok")
         log("=> summary: {}".format(os.path.abspath(rs.path)))

@@ -19,7 +19,7 @@ from trainer.device.runtime import apex_amp, apex_supports, npu_module  # noqa: 
 from trainer.device.shims import (  # noqa: F401
     UnsafeCheckpoint, _UINT8_RESIZE, out_of_memory, torch_load, uint8_antialias_resize, versions)
 from trainer.device.host import (  # noqa: F401
-    _cpuinfo_flags, cpu_native_bf16, usable_cpus, user_allocator_choice)
+    _cpuinfo_flags, cpu_identity, cpu_native_bf16, usable_cpus, user_allocator_choice)
 from trainer.device.base import Device, Handoff  # noqa: F401
 from trainer.device.cuda import CudaDevice, StreamHandoff, cuda_native_bf16  # noqa: F401
 from trainer.device.npu import NpuDevice  # noqa: F401

@@ -47,6 +47,7 @@ class Device:
     supports_sync_bn = True
     supports_apex = True
     prefers_channels_last = False  # NHWC the default memory format
+    measures_amp_dtype = False  # --amp-dtype auto is confirmed by timing the run's model (trainer/amp_probe.py)
     guides_train_with_amp = False  # the porting guides always train with --amp on it
     default_apex_loss_scale = None  # apex's loss scale without --loss-scale (None: dynamic, NVIDIA apex's)
     pin_memory = False  # the loaders pin host memory (--pin-memory: ``configure``)

@@ -17,6 +17,9 @@ class CpuDevice(Device):
     supports_apex = False
     # oneDNN's convolutions run NHWC (bench/channels_last.py, docs/BENCHMARKS.md)
     prefers_channels_last = True
+    # its flags do not tell whether bfloat16 autocast beats float32 (0.64x and 1.87x measured on two 2-core
+    # AVX-512 BF16 CPUs): where it has native bfloat16, auto times the run's model in both (docs/PRECISION.md)
+    measures_amp_dtype = True
     non_blocking = False
     binds_host_cores = False  # a CPU run binds nothing unless asked (--cpu-binding on)
     # the device backend crops image by image (torch's uint8 resize) rather than in one batched roi_align per

@@ -1,4 +1,5 @@
 """The host: its CPU cores, its CPU's bfloat16, and glibc's malloc tuned for training steps on a CPU."""
+import hashlib
 import os
 import platform
 
@@ -24,6 +25,23 @@ def _cpuinfo_flags(path="/proc/cpuinfo"):
     except OSError:
         pass
     return set()
+
+
+def cpu_identity(path="/proc/cpuinfo"):
+    """This CPU's kind as one string (its model name and a digest of its feature flags; the platform's name where
+    /proc/cpuinfo is unreadable): the key under which measured verdicts about it are kept."""
+    name = None
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.split(":", 1)[0].strip().lower() in ("model name", "cpu model"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    flags = " ".join(sorted(_cpuinfo_flags(path)))
+    return "{} ({} cores, flags {})".format(name or platform.processor() or platform.machine(), usable_cpus(),
+                                           hashlib.sha1(flags.encode()).hexdigest()[:12])
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
