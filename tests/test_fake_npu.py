@@ -646,6 +646,7 @@ def _saturation_worker(rank, world, port):
         scaler.update()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "rank {} stepped".format(rank)
     assert scaler.get_scale() == 512.0
+    dist.all_reduce(torch.zeros(1))  # a barrier: neither rank tears the group down while the other still uses it
     dist.destroy_process_group()
 
 
