@@ -240,7 +240,7 @@ def parse_config(argv=None, env=None, prog=None):
     return Parsed(cfg, tuple(notes) + more, frozenset(explicit))
 
 
-def _modelzoo_flags(ns, explicit):
+def _modelzoo_flags(ns, explicit, env):
     """ModelZoo's flags folded into ours (trainer/zoo.py): (warm-up epochs, step unit, offset, schedule), FPS
     warm-up steps, output folder, device list."""
     from trainer import zoo
@@ -268,6 +268,9 @@ def _modelzoo_flags(ns, explicit):
         if device_list is not None and len(device_list) != ns.device_num:
             raise UsageError("--device_num {} but --device-list {} names {} device(s): give one, or make them "
                              "agree".format(ns.device_num, ",".join(map(str, device_list)), len(device_list)))
+        if ns.multiprocessing_distributed and env.get("RANK_SIZE") and env["RANK_SIZE"].strip() != str(ns.device_num):
+            raise UsageError("--device_num {} but RANK_SIZE={}: the devices per node must agree".format(
+                ns.device_num, env["RANK_SIZE"]))
         if device_list is None and ns.multiprocessing_distributed:
             device_list = tuple(range(ns.device_num))
     return warm, fps_warmup, output_dir, device_list
@@ -297,11 +300,7 @@ def validate(ns, env, explicit=frozenset(), entry=None):
     import models
     notes = ()
     (warmup_epochs, lr_step_unit, warmup_offset, lr_schedule), fps_warmup, output_dir, ns.device_list = \
-        _modelzoo_flags(ns, explicit)
-    if ns.device_num is not None and env.get("RANK_SIZE") and ns.multiprocessing_distributed:
-        if env["RANK_SIZE"].strip() != str(ns.device_num):
-            raise UsageError("--device_num {} but RANK_SIZE={}: the devices per node must agree".format(
-                ns.device_num, env["RANK_SIZE"]))
+        _modelzoo_flags(ns, explicit, env)
     if ns.pretrained not in (None, PUBLISHED) and os.path.isdir(ns.pretrained) and not ns.data:
         # pytorch/examples' `main.py --pretrained DIR`: there --pretrained takes no value, so the folder is DIR
         ns.data, ns.pretrained = ns.pretrained, PUBLISHED

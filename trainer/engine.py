@@ -74,8 +74,9 @@ class Engine:
                 if self.profiler.stop_run:
                     self.stop_requested = True
             clock.stepped(i)
-            if i < 2 and self.zoo.first_steps and len(clock.first_seconds) == i + 1:
-                self.log(self.zoo.step_times(clock.first_seconds[i:])[0])
+            if i < clock.first:
+                for line in self.zoo.first_step(clock.first_seconds[i]):
+                    self.log(line)
             if i % cfg.run.print_freq == 0 or i == steps - 1 or self.stop_requested:
                 interval, running, live = sums.read(self._reduce, self.step.live_scalars())  # syncs the device
                 span = clock.span(i)
@@ -105,8 +106,7 @@ class Engine:
             steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
             fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
             data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
-            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses),
-            first_seconds=tuple(clock.first_seconds))
+            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses))
         for line in self.zoo.trained(stats):
             self.log(line)
         return stats

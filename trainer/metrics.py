@@ -20,8 +20,7 @@ import torch
 class AverageMeter:
     def __init__(self, name, fmt=":f"):
         self.name, self.fmt = name, fmt
-        self.val = self.avg = self.sum = 0.0
-        self.count = 0
+        self.reset()
 
     def reset(self):
         self.val = self.avg = self.sum = 0.0
@@ -154,7 +153,6 @@ class TrainStats:
     acc5: float
     images: int
     step_losses: tuple = ()  # (global step, the training loss of the printed interval ending there), per print
-    first_seconds: tuple = ()  # the wall time of the epoch's first steps, where they were timed one by one
 
     @property
     def last_loss(self):
@@ -216,10 +214,10 @@ class ZooLines:
     def __init__(self, entry, device_index):
         self.entry = entry
         self.prefix = "[npu id: {} ] ".format(device_index or 0) if entry == "shufflenetv2" else ""
-        self.first_steps = 2 if entry == "resnet50" else 0
 
-    def step_times(self, seconds):
-        return ["step_time = {:.4f}".format(s) for s in seconds] if self.entry == "resnet50" else []
+    def first_step(self, seconds):
+        """After each of the run's first steps (timed one by one: ``StepClock.first_seconds``)."""
+        return ["step_time = {:.4f}".format(seconds)] if self.entry == "resnet50" else []
 
     def trained(self, stats):
         if self.entry != "shufflenetv2" or stats.fps is None or not stats.timed_steps:

@@ -16,6 +16,8 @@ note lists them, and the log adds the lines its scripts grep (trainer/metrics.py
 """
 import os
 
+from trainer.errors import UsageError
+
 ENTRIES = ("resnet50", "shufflenetv2")
 SHUFFLENET_ENTRY = "8p_main_med.py"  # the name Shufflenetv2's scripts start
 
@@ -58,7 +60,6 @@ def defaults(name, explicit):
 def warmup(ns, explicit):
     """(warm-up epochs, lr step unit, warm-up offset, lr schedule) from --warmup / --warm_up_epochs, which mean
     their entry's per-epoch warm-up and cosine; flags given explicitly win. None when neither is set."""
-    from trainer.errors import UsageError
     if ns.mz_warmup is not None and ns.mz_warm_up_epochs is not None:
         both = [f for f, d in (("--warmup", "mz_warmup"), ("--warm_up_epochs", "mz_warm_up_epochs")) if d in explicit]
         if len(both) == 2:
@@ -80,7 +81,6 @@ def warmup(ns, explicit):
 
 def check_skip_steps(skip_steps, steps):
     """--skip_steps must leave steps of an epoch to time."""
-    from trainer.errors import UsageError
     if skip_steps is not None and skip_steps >= steps:
         raise UsageError("--skip_steps {} leaves no step of an epoch of {} steps to time: use fewer (below {})".format(
             skip_steps, steps, steps))
