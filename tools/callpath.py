@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Follow one run of main.py through its calls, as a reader does: the project's files in the order they are met.
+
+    python3 -m tools.callpath [--json FILE] -- MAIN.PY ARGS...
+
+Runs ``main.main(ARGS)`` in this process under a profiler hook and records the functions of main.py, trainer/
+and models/ at their first call (a reader reads a function once, where the run first calls it; comprehensions,
+lambdas and module bodies are not functions a reader opens). By default only the functions the run's
+configuration flows through: those called with the command line (``argv``), with an object of trainer/config.py
+or trainer/plan.py (the ``Config``, a section, the ``Plan``), or with an object that holds one as its own
+attribute (a trainer, a job); ``--all`` records every function. The files of those functions, in that order, with
+repeats in a row merged, are the path a reader walks. A re-entry is a step of that path into a file the reader had
+already left. Prints the path, then ``files: N, functions: M, re-entries: K`` and each re-entered file's count;
+``--json`` writes the same numbers for machines.
+
+Example (a tiny data set from tools/make_dataset.py)::
+
+    python3 -m tools.make_dataset /tmp/d --classes 4 --train-per-class 8 --val-per-class 4 --size 32
+    python3 -m tools.callpath -- /tmp/d -a resnet50 --amp --epochs 1 -b 8 -j 0 --output-dir /tmp/out
+"""
+import argparse
+import collections
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _project_file(path):
+    """The file's path relative to the project when it is main.py or under trainer/ or models/, else None."""
+    path = os.path.abspath(path)
+    if not path.startswith(ROOT + os.sep):
+        return None
+    rel = os.path.relpath(path, ROOT)
+    if rel == "main.py" or rel.split(os.sep)[0] in ("trainer", "models"):
+        return rel
+    return None
+
+
+CONFIG_MODULES = ("trainer.config", "trainer.plan")
+
+
+def _is_config(value):
+    return type(value).__module__ in CONFIG_MODULES and not isinstance(value, type)
+
+
+def _carries_config(frame, argv):
+    """Whether the call's arguments include ``argv``, a config object, or an object holding one."""
+    code = frame.f_code
+    for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]:
+        value = frame.f_locals.get(name)
+        if value is argv or _is_config(value):
+            return True
+        own = getattr(value, "__dict__", None)
+        if isinstance(own, dict) and not isinstance(value, type) and any(_is_config(v) for v in own.values()):
+            return True
+    return False
+
+
+def trace(fn, argv, follow_all=False):
+    """(fn(argv)'s result, the (file, function) pairs of the project in first-call order): every function with
+    ``follow_all``, else those the configuration flows through (``_carries_config``)."""
+    seen, order = set(), []
+
+    def hook(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code.co_name.startswith("<") or code in seen:
+            return
+        rel = _project_file(code.co_filename)
+        if rel is None or not (follow_all or _carries_config(frame, argv)):
+            return
+        seen.add(code)
+        order.append((rel, code.co_name))
+
+    sys.setprofile(hook)
+    try:
+        result = fn(argv)
+    finally:
+        sys.setprofile(None)
+    return result, order
+
+
+def walk(order):
+    """The files in the order met (repeats in a row merged), and the re-entries per file."""
+    path, left, reentries = [], set(), collections.Counter()
+    for rel, _ in order:
+        if path and path[-1] == rel:
+            continue
+        if path:
+            left.add(path[-1])
+        if rel in left:
+            reentries[rel] += 1
+        path.append(rel)
+    return path, reentries
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="write the counts here")
+    p.add_argument("--all", action="store_true", help="every function of the project, not only those the "
+                   "configuration flows through")
+    p.add_argument("--functions", action="store_true", help="list the functions (file and name) in order")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="-- then main.py's arguments")
+    ns = p.parse_args(argv)
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    sys.path.insert(0, ROOT)
+    import main as entry
+    code, order = trace(entry.main, args, ns.all)
+    path, reentries = walk(order)
+    if ns.functions:
+        for rel, name in order:
+            print("{}  {}".format(rel, name))
+    print(" -> ".join(path))
+    files = sorted(set(path))
+    print("files: {}, functions: {}, re-entries: {} (exit code {})".format(
+        len(files), len(order), sum(reentries.values()), code))
+    for rel, n in reentries.most_common():
+        print("  {} re-entered {} time(s)".format(rel, n))
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump({"follow": "all" if ns.all else "config", "files": files, "path": path,
+                       "functions": len(order), "reentries": dict(reentries),
+                       "total_reentries": sum(reentries.values()), "exit_code": code}, f, indent=1)
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
