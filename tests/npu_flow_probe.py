@@ -10,12 +10,14 @@ import torch_npu  # the fake
 
 from trainer import run
 from trainer.config import parse_config
+from trainer.plan import plan
 
 cfg = parse_config(["--dummy", "--device", "npu", "--gpu", "5", "-a", "tiny_cnn", "--output-dir",
                        sys.argv[1], "--epochs", "1"], env={}).cfg
+planned = plan(cfg, env={})
 torch_npu.reset_calls()
 try:
-    run.worker(cfg)
+    run.worker(planned)
     stopped = None
 except Exception as exc:
     stopped = type(exc).__name__

@@ -33,7 +33,7 @@ try:
     from tools.make_dataset import generate
     generate(root, classes=2, train_per_class=4, val_per_class=2, size=16, seed=0)
     train, val, _ = data.build(DataConfig(root=root, train_crop_size=16, val_resize_size=16, val_crop_size=16), dev,
-                               4, 0, 1, 0, 0)
+                               data.Sampling(4))
     obs["loader"] = [train.pin_memory, getattr(train, "pin_memory_device", None),
                      val.pin_memory, getattr(val, "pin_memory_device", None)]
     obs["binding"] = affinity.bind(cfg.launch, "npu")

@@ -130,9 +130,9 @@ def test_the_data_sections_device_backend_choices_reach_its_loader_spec(tmp_path
     real, seen = data.BACKENDS[DEVICE_DECODE], []
     data.BACKENDS[DEVICE_DECODE] = lambda spec, device, train, val: seen.append(spec) or (None, None)
     try:
-        data.build(DataConfig(root=root, data_backend="gpu", decode_ahead=False, batched_crops=True), cpu, 2, 0, 1, 0,
-                   seed=0)
-        data.build(DataConfig(root=root, data_backend="gpu"), cpu, 2, 0, 1, 0, seed=0)
+        data.build(DataConfig(root=root, data_backend="gpu", decode_ahead=False, batched_crops=True), cpu,
+                   data.Sampling(2))
+        data.build(DataConfig(root=root, data_backend="gpu"), cpu, data.Sampling(2))
     finally:
         data.BACKENDS[DEVICE_DECODE] = real
     assert (seen[0].decode_ahead, seen[0].batched_crops, seen[0].batch_per_rank) == (False, True, 2)

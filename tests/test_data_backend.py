@@ -27,7 +27,7 @@ def Cfg(root, backend):
 
 
 def batches(root, backend, workers, n=3, split="train", batch=8):
-    train, val, info = data.build(Cfg(root, backend), CPU, batch, 0, 1, workers, seed=7)
+    train, val, info = data.build(Cfg(root, backend), CPU, data.Sampling(batch, workers=workers, seed=7))
     loader = train if split == "train" else val
     if split == "train":
         loader.sampler.set_epoch(1)
@@ -67,7 +67,7 @@ def test_device_backend_is_seeded_alike_for_any_worker_count(photos):
 
 def _spied_train_loader(root, decode_spy, ahead=True):
     """The device backend's train loader with its decoder spied on; ``ahead``: decode in a thread, as on CUDA."""
-    train, _, _ = data.build(Cfg(root, "gpu"), CPU, 8, 0, 1, 0, seed=7)
+    train, _, _ = data.build(Cfg(root, "gpu"), CPU, data.Sampling(8, seed=7))
     assert train.ahead is False  # a CPU decodes on the training thread: a thread beside it splits the same cores
     train.ahead = ahead
     train.sampler.set_epoch(1)
@@ -367,7 +367,7 @@ def test_device_backend_decodes_a_batch_before_it_transfers_the_worker_decoded_i
     cls_dir = os.path.join(root, "train", sorted(os.listdir(os.path.join(root, "train")))[0])
     for k, name in enumerate(sorted(os.listdir(cls_dir))[:3]):
         Image.open(os.path.join(cls_dir, name)).save(os.path.join(cls_dir, "png_{}.JPEG".format(k)), "PNG")
-    train, _, _ = data.build(Cfg(root, "gpu"), CPU, 5, 0, 1, 0, seed=7)
+    train, _, _ = data.build(Cfg(root, "gpu"), CPU, data.Sampling(5, seed=7))
     events = []
     train.device = _RecordingDevice(CPU, events)
     real_decode, real_batch = train.decode, train._decode_batch

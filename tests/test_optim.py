@@ -12,7 +12,7 @@ import torch
 from conftest import PY, ROOT, SMALL, assert_one_line_error, needs_cpu_float16, read_summary, run_main
 from trainer import amp as ampmod
 from trainer import optim
-from trainer.config import build_parser
+from trainer.config import OptimConfig, build_parser
 from trainer.device import Device, torch_load
 from trainer.errors import UsageError
 from trainer.optim.lars import LARS, lars_groups
@@ -150,7 +150,7 @@ def test_lars_overflow_step_changes_nothing_and_next_steps_equal_plain_lars(loss
     model = bn_model()
     ref = copy.deepcopy(model)
     prec = ampmod.Precision("float16", "native", torch.float16, loss_scale)
-    model, step = ampmod.build_step(prec, CPU, model, LR, MOMENTUM, WD, optimizer="lars")
+    model, step = ampmod.wrap(optim.build(OptimConfig("lars", LR, MOMENTUM, WD), model, CPU, prec), prec, CPU, model)
     assert isinstance(step.optimizer, LARS) and step.name == "trainer.optim.LARS"
     ref_opt = LARS(lars_groups(ref, WD), lr=LR, momentum=MOMENTUM, weight_decay=WD)
     poison = {"on": True}
@@ -249,7 +249,8 @@ for impl in ("native", "apex"):
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
     prec = ampmod.Precision("float16", impl, torch.float16, 128.0, "O2" if impl == "apex" else None)
-    m, step = ampmod.build_step(prec, dev, m, 0.1, 0.9, 1e-4, optimizer="lars")
+    m, step = ampmod.wrap(create_optimizer("lars", m, 0.1, 0.9, 1e-4, dev, with_scaler=prec.scaled,
+                                           apex_amp_in_use=impl == "apex"), prec, dev, m)
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     trace = []
     for i in range(3):

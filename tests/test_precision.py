@@ -12,6 +12,8 @@ from trainer import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
 from trainer.device import host as hostmod
+from trainer import optim
+from trainer.config import OptimConfig
 from trainer.optim import create_optimizer
 from trainer.optim import sgd as sgdmod
 from trainer.guard import MAX_CONSECUTIVE_OVERFLOWS, Diverged, Guard
@@ -42,7 +44,13 @@ def precision(kind, loss_scale=None):
     return ampmod.Precision("float16", "native", torch.float16, loss_scale)
 
 
-# (precision, loss scale, fused SGD): every pairing trainer.optim's SGD + amp.build_step can return off NPU
+def _stepped(prec, model, fused=None):
+    """(model, OptimizerStep) as the trainer builds them: trainer.optim's SGD for ``prec``, stepped by amp.wrap."""
+    choice = optim.build(OptimConfig(lr=LR, momentum=MOMENTUM, weight_decay=WD), model, CPU, prec, fused=fused)
+    return ampmod.wrap(choice, prec, CPU, model)
+
+
+# (precision, loss scale, fused SGD): every pairing trainer.optim's SGD + amp.wrap can return off NPU
 PAIRINGS = [("fp32", None, False), ("bf16", None, False), ("fp16", None, False), ("fp16", 128.0, False)]
 if HAS_FUSED_CPU:
     PAIRINGS += [("bf16", None, True), ("fp16", None, True), ("fp16", 128.0, True)]
@@ -72,7 +80,7 @@ def same_state(a, b):
 def test_overflow_step_changes_nothing_and_next_steps_equal_plain_sgd(kind, loss_scale, fused):
     model = tiny_model()
     ref = copy.deepcopy(model)
-    model, step = ampmod.build_step(precision(kind, loss_scale), CPU, model, LR, MOMENTUM, WD, fused=fused)
+    model, step = _stepped(precision(kind, loss_scale), model, fused=fused)
     assert step.optimizer.defaults.get("fused") in ((True,) if fused else (None, False))
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD, foreach=False)
     poison = {"on": False}
@@ -130,23 +138,23 @@ def test_fused_sgd_probe_passes_and_catches_a_broken_pairing(monkeypatch):
 
 @needs_cpu_float16
 def test_resume_restores_scaler_and_overflow_count():
-    model, step = ampmod.build_step(precision("fp16", None), CPU, tiny_model(), LR, MOMENTUM, WD)
+    model, step = _stepped(precision("fp16", None), tiny_model())
     x, y = batch(0)
     loss = torch.nn.functional.cross_entropy(model(x), y)
     step.zero_grad()
     step(loss * float("inf"))
     entries = step.checkpoint_entries()
     assert set(entries) == {"optimizer", "precision", "scaler"}  # no "amp": that key is apex's (the guide's)
-    model2, step2 = ampmod.build_step(precision("fp16", None), CPU, tiny_model(), LR, MOMENTUM, WD)
+    model2, step2 = _stepped(precision("fp16", None), tiny_model())
     notes = []
     step2.restore(entries, notes.append)
     assert step2.loss_scale() == 32768.0 and step2.overflow_steps() == 1 and not notes
     # a format-1 checkpoint of this project kept it all under "amp"
     legacy = {"optimizer": entries["optimizer"], "amp": dict(entries["precision"], scaler=entries["scaler"])}
-    _, step4 = ampmod.build_step(precision("fp16", None), CPU, tiny_model(), LR, MOMENTUM, WD)
+    _, step4 = _stepped(precision("fp16", None), tiny_model())
     step4.restore(legacy, notes.append)
     assert step4.loss_scale() == 32768.0 and step4.overflow_steps() == 1 and not notes
-    _, step3 = ampmod.build_step(precision("bf16"), CPU, tiny_model(), LR, MOMENTUM, WD)
+    _, step3 = _stepped(precision("bf16"), tiny_model())
     step3.restore(entries, notes.append)
     assert "not restored" in notes[0]
 

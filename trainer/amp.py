@@ -1,8 +1,8 @@
 """Mixed precision and the optimizer step, as one object.
 
-``resolve`` decides the precision of a run (dtype, loss scaling) from the flags and the device;
-``build_step`` pairs the optimizer (``--optimizer``, trainer/optim) with it and returns an ``OptimizerStep``
-whose ``step(loss)`` skips an update entirely when the gradients hold inf/NaN. Reasons and details: docs/PRECISION.md.
+``settle`` decides what the flags leave open for the device kind (trainer/plan.py calls it), ``resolve`` the
+precision of a run (dtype, loss scaling) on the device; ``wrap`` steps the optimizer (built by trainer/optim) under
+it: an ``OptimizerStep`` whose ``step(loss)`` skips an update entirely when the gradients hold inf/NaN. Reasons and details: docs/PRECISION.md.
 """
 import contextlib
 import inspect
@@ -40,6 +40,11 @@ class Precision:
     def dtype_name(self):
         return "float32" if self.dtype is None else str(self.dtype).replace("torch.", "")
 
+    def describe(self):
+        """summary.json's "amp" of a run without an optimizer step (an evaluation)."""
+        return {"enabled": self.enabled, "impl": self.impl, "requested_dtype": self.requested,
+                "dtype": self.dtype_name, "note": self.note, "probe": self.probe}
+
 
 def settle(cfg, kind, given=frozenset()):
     """(``cfg`` with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``, notes): a note for
@@ -54,7 +59,7 @@ def settle(cfg, kind, given=frozenset()):
         if cfg.launch.world_size == 1 and devmod.guides_train_with_amp(kind) and not cfg.run.evaluate:
             notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
                          "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
-        return cfg.replace(amp_impl="native"), tuple(notes)
+        return cfg.precision.replace(amp_impl="native"), tuple(notes)
     impl = cfg.precision.amp_impl
     if impl == "auto":
         impl = "native" if cfg.precision.amp_dtype == "bfloat16" else devmod.default_amp_impl(kind)
@@ -80,7 +85,7 @@ def settle(cfg, kind, given=frozenset()):
         if "opt_level" in given:
             notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
                 cfg.precision.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
-    return cfg.replace(amp_impl=impl, loss_scale=loss_scale), tuple(notes)
+    return cfg.precision.replace(amp_impl=impl, loss_scale=loss_scale), tuple(notes)
 
 
 def _check_apex(section, kind):
@@ -128,26 +133,16 @@ def inspection_dtype(device, requested="auto"):
     return dtype, note
 
 
-def build_step(precision, device, model, lr, momentum, weight_decay, fused=None,
-               optimizer=optim.DEFAULT_OPTIMIZER):
-    """(model, OptimizerStep): optimizer ``optimizer`` (``--optimizer``; the device's SGD by default) for
-    ``model``, paired safely with ``precision``.
-
-    apex initialises the model and optimizer together, so the model it returns replaces the one given.
-    """
-    choice = optim.create_optimizer(optimizer, model, lr, momentum, weight_decay, device,
-                                    with_scaler=precision.scaled, apex_amp_in_use=precision.impl == "apex",
-                                    fused=fused)
+def wrap(choice, precision, device, model):
+    """(model, OptimizerStep): the optimizer ``choice`` (built by trainer/optim for ``model``) stepped under
+    ``precision`` on ``device``. apex initialises the model and optimizer together, so the model it returns
+    replaces the one given."""
     if precision.impl == "apex":
-        step = ApexStep(choice, precision)
-        model = step.initialize(model)
-    elif precision.scaled:
-        step = ScaledStep(choice, precision, device.grad_scaler(precision.loss_scale))
-    else:
-        step = PlainStep(choice, precision)
-    step.device = device
-    step.optimizer_kind = optimizer
-    return model, step
+        step = ApexStep(choice, precision, device)
+        return step.initialize(model), step
+    if precision.scaled:
+        return model, ScaledStep(choice, precision, device)
+    return model, PlainStep(choice, precision, device)
 
 
 class OptimizerStep:
@@ -157,12 +152,11 @@ class OptimizerStep:
     (None where the precision has no such check). Overflow counts stay on the device until read.
     """
 
-    device = None
-    optimizer_kind = optim.DEFAULT_OPTIMIZER  # the --optimizer name
-
-    def __init__(self, choice, precision):
+    def __init__(self, choice, precision, device):
         self.optimizer = choice.optimizer
         self.name = choice.name
+        self.optimizer_kind = choice.kind  # the --optimizer name
+        self.device = device
         self.notes = [n for n in (precision.note, choice.note) if n]
         self.precision = precision
         self._grads_to_none = choice.grads_to_none
@@ -267,9 +261,9 @@ class ScaledStep(OptimizerStep):
     mode checks gradients for inf/NaN and skips the update.
     """
 
-    def __init__(self, choice, precision, scaler):
-        super().__init__(choice, precision)
-        self.scaler = scaler
+    def __init__(self, choice, precision, device):
+        super().__init__(choice, precision, device)
+        self.scaler = device.grad_scaler(precision.loss_scale)
         self.static = precision.loss_scale
 
     def __call__(self, loss):
@@ -314,8 +308,8 @@ class ApexStep(OptimizerStep):
     N``): apex's static mode never skips an overflow step, its dynamic mode does.
     """
 
-    def __init__(self, choice, precision):
-        super().__init__(choice, precision)
+    def __init__(self, choice, precision, device):
+        super().__init__(choice, precision, device)
         self.amp = devmod.apex_amp()
         self._grads_to_none = False  # apex's combined gradients and fused optimizers keep their buffers
 

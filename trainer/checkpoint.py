@@ -76,11 +76,6 @@ def strip_module(state_dict):
     return state_dict
 
 
-def _identity(path):
-    st = os.stat(path)
-    return (os.path.abspath(path), st.st_mtime_ns, st.st_size)
-
-
 def read(path, what="checkpoint"):
     """Load a file saved by torch.save; a missing or non-torch file is a UsageError."""
     if not os.path.exists(path):
@@ -102,27 +97,27 @@ def read(path, what="checkpoint"):
         raise UsageError("{} '{}' is not a readable PyTorch checkpoint ({})".format(what, path, first[:200]))
 
 
-class Reader:
-    """The files a run reads (--resume, --pretrained), from the launching process's checks to the run's
-    loads: a file read twice in a row without changing on disk is loaded once, the second read handing over
-    the first one's object. ``run`` passes its Reader from ``preflight`` to the worker of the same process;
-    spawned ranks start with their own."""
+class File:
+    """A file the run reads (--resume, --pretrained): loaded from disk at most once in a process, when first
+    needed, and held until ``release``. A plan carries it from the launching process's checks to the run of the
+    same process; a spawned rank receives it empty (its contents are not pickled) and loads it once itself."""
 
-    def __init__(self):
-        self._key, self._obj = None, None
+    def __init__(self, path, what="checkpoint"):
+        self.path, self.what, self._contents = path, what, None
 
-    def read(self, path, what="checkpoint"):
-        if os.path.isfile(path) and self._key == _identity(path):
-            obj = self._obj
-            self.release()
-            return obj
-        self.release()
-        obj = read(path, what)
-        self._key, self._obj = _identity(path), obj
-        return obj
+    def load(self):
+        if self._contents is None:
+            self._contents = read(self.path, self.what)
+        return self._contents
 
     def release(self):
-        self._key, self._obj = None, None
+        self._contents = None
+
+    def __getstate__(self):
+        return {"path": self.path, "what": self.what, "_contents": None}
+
+    def __repr__(self):
+        return "File({!r})".format(self.path)
 
 
 def state_dict_of(obj, path):
@@ -150,11 +145,13 @@ def check_fits(model, sd, what):
         raise UsageError("{}: {}; check --arch and --num-classes".format(what, "; ".join(parts)))
 
 
-def load_weights_into(model, path, published=False, reader=None):
-    """--pretrained FILE: strict load with a one-line explanation on mismatch. ``published`` (torchvision's
-    weights, --pretrained alone): a classifier of another class count is left as built (newly initialised)
-    and the note saying so is returned."""
-    sd = state_dict_of((reader or Reader()).read(path, "weights file"), path)
+def load_weights_into(model, weights, published=False):
+    """--pretrained FILE (``weights``: a File, or a path): strict load with a one-line explanation on mismatch.
+    ``published`` (torchvision's weights, --pretrained alone): a classifier of another class count is left as
+    built (newly initialised) and the note saying so is returned."""
+    weights = weights if isinstance(weights, File) else File(weights, "weights file")
+    path = weights.path
+    sd = state_dict_of(weights.load(), path)
     note = None
     if published:
         own = model.state_dict()
@@ -219,9 +216,11 @@ class Resume:
     entries: dict  # the whole file: the optimizer step restores its own entries (optimizer, scaler, amp)
 
 
-def read_training(path, arch, reader=None):
-    """``path`` as a Resume; a weights file, or a checkpoint of another --arch, is a UsageError."""
-    ckpt = (reader or Reader()).read(path)
+def read_training(file, arch):
+    """``file`` (a File, or a path) as a Resume; a weights file, or a checkpoint of another --arch, is a
+    UsageError."""
+    file = file if isinstance(file, File) else File(file)
+    path, ckpt = file.path, file.load()
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "epoch" not in ckpt:
         raise UsageError("'{}' is a weights file, not a training checkpoint (no epoch/optimizer state); "
                          "use --pretrained for weights".format(path))
@@ -254,41 +253,43 @@ def restore_rng(states, device):
 
 
 class CheckpointSaver:
-    """The run's checkpoint policy: the last epoch in ``checkpoint.pth.tar``, the best validation Acc@1
-    copied to ``model_best.pth.tar``, both written atomically, and never a state whose weights or
-    buffers are not finite (the previous files stay as they were; ``Diverged`` is raised instead)."""
+    """The run's checkpoint policy over the parts it saves (held by reference, so ``save`` takes only the
+    epoch): the last epoch in ``checkpoint.pth.tar`` (--checkpoint-nameprefix), the best validation Acc@1 copied
+    to ``model_best.pth.tar``, every N epochs a file of its own (--checkpoint-freq), all written atomically, and
+    never a state whose weights or buffers are not finite (the previous files stay as they were; ``Diverged`` is
+    raised instead).
 
-    def __init__(self, out_dir, prefix="checkpoint", freq=0):
-        self.last = os.path.join(out_dir, last_name(prefix))
-        self.best = os.path.join(out_dir, BEST)
-        self.out_dir, self.prefix, self.freq = out_dir, prefix, freq  # --checkpoint-nameprefix / -freq
+    ``model``: the bare model; ``step``: the optimizer step (trainer/amp.py: its optimizer and loss-scaler
+    entries); ``schedule``: the LR schedule; ``record``: what every checkpoint states besides (``arch``,
+    ``model``, ``num_classes``, ``classes``, ``seed``, ``config``)."""
 
-    @staticmethod
-    def state(epoch, arch, model, num_classes, classes, state_dict, best_acc1, lr_schedule, rng, seed, config,
-              step_entries):
+    def __init__(self, section, model, step, schedule, device, record):
+        self.last = os.path.join(section.output_dir, last_name(section.checkpoint_prefix))
+        self.best = os.path.join(section.output_dir, BEST)
+        self.out_dir, self.prefix, self.freq = section.output_dir, section.checkpoint_prefix, section.checkpoint_freq
+        self.model, self.step, self.schedule, self.device, self.record = model, step, schedule, device, record
+
+    def state(self, epoch, best_acc1):
         """The checkpoint of ``epoch`` epochs completed: pytorch/examples' and the Ascend guide's keys
         (``epoch``, ``arch``, ``state_dict``, ``best_acc1``, ``optimizer``, apex's ``amp``), and this
-        project's (FORMAT_VERSION); ``step_entries`` are the optimizer step's own (optimizer, precision,
-        and the scaler or apex's amp)."""
-        state = {
-            "format_version": FORMAT_VERSION, "epoch": epoch, "arch": arch, "model": model,
-            "num_classes": num_classes, "classes": classes, "state_dict": state_dict,
-            "best_acc1": float(best_acc1) if best_acc1 is not None else None,
-            "lr_schedule": lr_schedule, "rng": rng, "seed": seed, "config": config,
-        }
-        state.update(step_entries)
+        project's (FORMAT_VERSION); the optimizer step adds its own (optimizer, precision, and the scaler or
+        apex's amp)."""
+        state = dict(format_version=FORMAT_VERSION, epoch=epoch, **self.record)
+        state.update(state_dict=self.model.state_dict(), lr_schedule=self.schedule.state_dict(),
+                     rng=rng_states(self.device), best_acc1=float(best_acc1) if best_acc1 is not None else None)
+        state.update(self.step.checkpoint_entries())
         return state
 
-    def save(self, state, is_best):
+    def save(self, epoch, best_acc1, is_best):
         from trainer.guard import Diverged, all_finite
+        state = self.state(epoch, best_acc1)
         if not all_finite(state["state_dict"].values()):
-            raise Diverged("non-finite weights", {"epoch": state["epoch"] - 1, "step": None, "lr": None,
-                                                  "loss_scale": None})
+            raise Diverged("non-finite weights", {"epoch": epoch - 1, "step": None, "lr": None, "loss_scale": None})
         save(state, self.last)
         if is_best:
             copy(self.last, self.best)
-        if self.freq and state["epoch"] % self.freq == 0:  # --checkpoint-freq N: a file of its own every N epochs
-            copy(self.last, os.path.join(self.out_dir, "{}_epoch{}.pth.tar".format(self.prefix, state["epoch"])))
+        if self.freq and epoch % self.freq == 0:  # --checkpoint-freq N: a file of its own every N epochs
+            copy(self.last, os.path.join(self.out_dir, "{}_epoch{}.pth.tar".format(self.prefix, epoch)))
 
     def existing(self):
         """{'checkpoint': path, 'best_checkpoint': path} for the files present."""

@@ -196,11 +196,14 @@ class Config:
 
     def as_dict(self):
         """Every field under its flat name (the command line's dests: ``data`` is the data set's folder, ``model``
-        the network built, ``launch`` the launch mode): what checkpoints and summaries record as "config"."""
-        out = {}
-        for name, (section, field) in FLAT.items():
-            out[name] = getattr(getattr(self, section), field)
-        return out
+        the network built, ``launch`` the launch mode)."""
+        return flat_dict(self)
+
+
+def flat_dict(settings):
+    """Every field of ``settings`` (a Config, or a plan.Plan: anything with the six sections) under its flat name:
+    what checkpoints and summaries record as "config"."""
+    return {name: getattr(getattr(settings, section), field) for name, (section, field) in FLAT.items()}
 
 
 class Parsed(NamedTuple):

@@ -14,22 +14,11 @@ from trainer.guard import Guard
 from trainer.schedule import set_lr
 
 
-class Engine:
-    """``train_one_epoch`` and ``validate`` over a model; ``step`` is the run's OptimizerStep (None to
-    evaluate only) and ``precision`` its Precision (autocast dtype)."""
-
-    def __init__(self, model, criterion, step, precision, device, dist, normalizer, schedule, cfg, log,
-                 profiler=None, recorder=None):
-        self.model = model  # possibly wrapped (DDP / apex)
-        self.criterion = criterion
-        self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=cfg.optim.label_smoothing)
-        self.step, self.precision, self.device, self.dist = step, precision, device, dist
-        self.normalize, self.schedule, self.cfg, self.log = normalizer, schedule, cfg, log
-        self.profiler = profiler
-        self.recorder = recorder if recorder is not None else observe.Silent()
-        self.stop_requested = False
-        self.zoo = metrics.ZooLines(cfg.run.modelzoo, device.index)  # the lines ModelZoo's scripts grep
-        self.first_steps = None  # the wall times of the run's first steps (timed in the first epoch trained)
+class Loops:
+    """``train_one_epoch`` and ``validate``, the epoch loops of trainer.trainer.Trainer (which owns the parts they
+    read: ``model``, ``criterion``, ``eval_criterion``, ``step`` (the OptimizerStep), ``precision``, ``device``,
+    ``dist``, ``normalize``, ``schedule``, ``plan``, ``log``, ``profiler``, ``recorder``, ``zoo``; and the state they
+    keep: ``stop_requested``, ``first_steps``)."""
 
     def autocast(self):
         return self.device.autocast(self.precision.dtype if self.precision.impl == "native" else None)
@@ -43,7 +32,7 @@ class Engine:
 
     def train_one_epoch(self, loader, epoch, steps):
         """One epoch of ``steps`` steps; returns its metrics.TrainStats."""
-        cfg, dev = self.cfg, self.device
+        cfg, dev = self.plan, self.device
         self.model.train()
         if getattr(loader, "sampler", None) is not None and hasattr(loader.sampler, "set_epoch"):
             loader.sampler.set_epoch(epoch)
@@ -125,7 +114,7 @@ class Engine:
     @torch.no_grad()
     def validate(self, loader, model):
         """Every image of the validation set counted exactly once (padding masked out); a metrics.EvalStats."""
-        cfg, dev = self.cfg, self.device
+        cfg, dev = self.plan, self.device
         model.eval()
         steps = len(loader)
         sums, rec = metrics.Sums(dev), self.recorder

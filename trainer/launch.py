@@ -20,12 +20,9 @@ def _env_int(env, name):
 
 
 def resolve_launch(ns, env):
-    """Work out this process's place in the job from flags and environment (no side effects)."""
-    out = _place(ns, env)
-    if out["world_size"] and ns.batch_size % out["world_size"]:
-        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
-            ns.batch_size, out["world_size"], out["world_size"]))
-    return out
+    """Work out this process's place in the job from flags and environment (no side effects; the batch is
+    checked against the job's processes by trainer/plan.py)."""
+    return _place(ns, env)
 
 
 def process_count(ns, env):
@@ -209,16 +206,16 @@ def _check_gpu(ns, out):
                                                                 " of --device-list" if ns.device_list else ""))
 
 
-def settle_backend(cfg, kind):
-    """(``cfg`` with a --dist-backend that names another device's collective library (the guides' hccl on a GPU
-    or CPU, nccl off CUDA) replaced by this device's own, notes: one saying so)."""
-    owner = devmod.backend_owner(cfg.launch.dist_backend)
+def settle_backend(section, kind):
+    """(the process group's backend: --dist-backend as given, or, where it names another device's collective
+    library (the guides' hccl on a GPU or CPU, nccl off CUDA), this device's own; notes: one saying so).
+    ``section``: the config's launch section."""
+    owner = devmod.backend_owner(section.dist_backend)
     if owner is None or owner == kind:
-        return cfg, ()
+        return section.dist_backend, ()
     own = devmod.default_backend(kind)
-    return cfg.replace(dist_backend=own), (
-        "--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
-            cfg.launch.dist_backend, owner.upper(), kind.upper(), own),)
+    return own, ("--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
+        section.dist_backend, owner.upper(), kind.upper(), own),)
 
 
 def check_launch(section, kind):

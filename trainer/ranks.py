@@ -11,8 +11,7 @@ import tempfile
 import time
 import traceback
 
-from trainer import device as devmod
-from trainer.errors import UsageError
+from trainer.device import Device
 from trainer.guard import EXIT_DIVERGED
 from trainer.launch import check_port_free, free_port
 
@@ -108,26 +107,24 @@ class Ranks:
 # ---------------------------------------------------------------- spawn
 
 
-def spawn(cfg, kind, worker):
-    """--multiprocessing-distributed: one process per device, supervised (``Ranks``).
+def spawn(plan, worker):
+    """--multiprocessing-distributed: one process per device of ``plan`` (a plan.Plan), supervised (``Ranks``);
+    each runs ``worker(its plan)``.
 
     If any rank fails, the others are stopped and this returns its exit code (2 for a
     user error, 4 for a divergence, 1 otherwise); Ctrl-C stops all of them (130, SIGTERM 143).
     """
-    ids = cfg.launch.device_list or tuple(range(devmod.count(kind)))
+    section = plan.launch
+    ids = section.device_list or tuple(range(Device.of(plan.kind).count()))
     nprocs = len(ids)
-    world = cfg.launch.nodes * nprocs
-    if cfg.run.batch_size % world:
-        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
-            cfg.run.batch_size, world, world))
-    port = cfg.launch.port
-    if cfg.launch.dist_url.startswith("env://") and cfg.launch.node_rank == 0:
+    port = section.port
+    if section.dist_url.startswith("env://") and section.node_rank == 0:
         if port == 0:
             port = free_port()
         else:
             check_port_free(port)
-    child = cfg.replace(device_list=tuple(ids), world_size=world, procs_per_node=nprocs,
-                        rank=cfg.launch.node_rank * nprocs, port=port)
+    child = plan.placed(device_list=tuple(ids), world_size=section.nodes * nprocs, procs_per_node=nprocs,
+                        rank=section.node_rank * nprocs, port=port)
     ranks, trace_dir = Ranks(), tempfile.mkdtemp(prefix="ranks-")
     traces = [os.path.join(trace_dir, "rank{}.trace".format(i)) for i in range(nprocs)]
     try:
@@ -144,7 +141,7 @@ def spawn(cfg, kind, worker):
         # each ends as an interrupted run, summary written; SIGTERM is passed on as it came
         ranks.stop(sig=signal.SIGINT if exc.signum == signal.SIGINT else signal.SIGTERM)
         sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
-                         "--resume auto\n".format(cfg.run.output_dir))
+                         "--resume auto\n".format(plan.run.output_dir))
         return exc.exit_code
     finally:
         if ranks.running():
@@ -187,13 +184,13 @@ def _die_with_parent(sig=signal.SIGTERM):
         pass
 
 
-def _spawn_entry(local_index, cfg, worker, trace_path):
+def _spawn_entry(local_index, plan, worker, trace_path):
     """A spawned rank: run ``worker``, exit with its code. A raised exception's traceback goes to
     ``trace_path`` for the supervisor to print once (the rank itself prints nothing), exit code 1."""
     _die_with_parent()
-    cfg = cfg.replace(local_rank=local_index, rank=cfg.launch.rank + local_index)
+    plan = plan.placed(local_rank=local_index, rank=plan.launch.rank + local_index)
     try:
-        code = worker(cfg)
+        code = worker(plan)
     except KeyboardInterrupt:
         code = 130
     except Exception:

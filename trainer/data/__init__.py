@@ -24,7 +24,7 @@ from trainer.data.images import (_PIL_SIMD, BadImageError, Box, crop_resize, loa
                                  pil_to_hwc, pillow_simd, read_bytes, rgb, sample_rng, sample_seed,
                                  tensor_crop_resize, torch_resize, transformed)
 from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, padded_length
-from trainer.data.spec import DataInfo, LoaderSpec
+from trainer.data.spec import DataInfo, LoaderSpec, Sampling
 from trainer.data.synthetic import DUMMY_TRAIN_IMAGES, DUMMY_VAL_IMAGES, SyntheticLoader, build_dummy
 from trainer.data.transforms import (MEAN, STD, Normalizer, TrainCrop, ValCrop, _draft, center_region,
                                      resized_center, train_transform, val_transform)
@@ -36,7 +36,7 @@ __all__ = [
     "find_classes", "scan_train", "scan_val", "ImageDataset", "PaddedEvalDataset", "channels_last_collate",
     "_PIL_SIMD", "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw", "pil_to_hwc",
     "pillow_simd", "read_bytes", "rgb", "sample_rng", "sample_seed", "tensor_crop_resize", "torch_resize",
-    "transformed", "EpochSampler", "ShardSampler", "dataloader", "padded_length", "DataInfo", "LoaderSpec",
+    "transformed", "EpochSampler", "ShardSampler", "dataloader", "padded_length", "DataInfo", "Sampling", "LoaderSpec",
     "DUMMY_TRAIN_IMAGES", "DUMMY_VAL_IMAGES", "SyntheticLoader", "MEAN", "STD", "Normalizer", "TrainCrop",
     "ValCrop", "_draft", "center_region", "resized_center", "train_transform", "val_transform",
 ]
@@ -62,15 +62,16 @@ def resolve_backend(requested, device):
 
 
 
-def build(section, device, batch_per_rank, rank, world_size, workers, seed, need_train=True, channels_last=False,
-          num_classes=None):
-    """(train_loader or None, val_loader, DataInfo) from the config's data section (a config.DataConfig); batches
-    stacked channels-last where the model is; ``num_classes`` sizes --dummy's targets (1000 when None)."""
+def build(section, device, sampling, need_train=True, channels_last=False, num_classes=None):
+    """(train_loader or None, val_loader, DataInfo) from the config's data section (a config.DataConfig) for one
+    rank's ``sampling`` (a Sampling: batch, rank, world size, workers, seed); batches stacked channels-last where
+    the model is; ``num_classes`` sizes --dummy's targets (1000 when None). The folder was checked by the plan
+    (trainer/plan.py); tools that build loaders of their own call ``check_data_root`` first."""
+    batch_per_rank, rank, world_size, workers, seed = sampling
     if section.dummy:
         return build_dummy(section, device, batch_per_rank, rank, world_size, need_train, num_classes or 1000)
     backend, decode, note = resolve_backend(section.data_backend, device)
     root = section.root
-    check_data_root(root, need_train=need_train)
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     classes = find_classes(train_dir if os.path.isdir(train_dir) else val_dir)
     val_samples = scan_val(val_dir, {c: i for i, c in enumerate(classes)})

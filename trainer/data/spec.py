@@ -1,6 +1,15 @@
 """What a data backend is given (LoaderSpec) and what the data says about itself (DataInfo)."""
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
+
+
+class Sampling(NamedTuple):
+    """One rank's share of the data: its batch, its place in the job, its loader workers, the seed of the shuffle."""
+    batch_per_rank: int
+    rank: int = 0
+    world_size: int = 1
+    workers: int = 0
+    seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

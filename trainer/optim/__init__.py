@@ -28,14 +28,23 @@ def builder(name):
     return getattr(importlib.import_module(module), function)
 
 
-def create_optimizer(name, params_or_model, lr, momentum, weight_decay, device, with_scaler=False,
-                     apex_amp_in_use=False, fused=None):
-    """An ``OptimizerChoice`` (optimizer, name for logs, zero_grad mode, note) for ``--optimizer name``.
+def create_optimizer(name, params_or_model, lr, momentum, weight_decay, device, **options):
+    """An ``OptimizerChoice`` (optimizer, name for logs, zero_grad mode, note; ``kind``: ``name``) for
+    ``--optimizer name``.
 
     ``params_or_model``: a model (LARS tells its BatchNorm parameters and biases by module) or parameters.
-    ``with_scaler``: a GradScaler will skip overflow steps (only implementations that provably leave weights
-    and momentum untouched then are chosen). ``apex_amp_in_use``: apex.amp wraps the optimizer. ``fused``:
-    forces torch's fused SGD kernel on (True) or off (False); None: the device's choice.
+    ``options``, passed on to the builder: ``with_scaler`` (a GradScaler will skip overflow steps: only
+    implementations that provably leave weights and momentum untouched then are chosen), ``apex_amp_in_use``
+    (apex.amp wraps the optimizer), ``fused`` (forces torch's fused SGD kernel on (True) or off (False); None:
+    the device's choice).
     """
-    return builder(name)(params_or_model, lr, momentum, weight_decay, device, with_scaler=with_scaler,
-                         apex_amp_in_use=apex_amp_in_use, fused=fused)
+    choice = builder(name)(params_or_model, lr, momentum, weight_decay, device, **options)
+    choice.kind = name
+    return choice
+
+
+def build(section, model, device, precision, fused=None):
+    """The optimizer of the config's optim section (a config.OptimConfig) for ``model`` on ``device``, chosen to
+    be safe with ``precision`` (an amp.Precision: its loss scaler, apex); trainer/amp.py's ``wrap`` steps it."""
+    return create_optimizer(section.optimizer, model, section.lr, section.momentum, section.weight_decay, device,
+                            with_scaler=precision.scaled, apex_amp_in_use=precision.impl == "apex", fused=fused)

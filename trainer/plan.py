@@ -1,0 +1,153 @@
+"""A run, decided once: ``plan(cfg, env) -> Plan``, read top to bottom like a checklist.
+
+The ``Config`` holds what the command line asked (None: not given). ``plan`` decides everything that follows from
+it and from this machine, in the order a reader expects, and checks every input of the run that parsing could
+not: where this process sits, the device kind, precision, the process group's backend, graph mode, the data set,
+the weights, the checkpoint to resume (read here, once per process), the memory format, the output folder. What it
+decided travels in the ``Plan``; the notes on it (``note:`` lines, summary.json's "notes") are a field. Nothing
+here starts a process, touches a device or writes a file.
+
+A ``Plan`` answers as the config does (``plan.run.epochs``, ``plan.launch.world_size``): the sections it decided
+(``launch``, ``model``, ``precision``) carry the decisions, the others are the config's as asked; ``plan.cfg`` is
+the config untouched and ``plan.as_dict()`` what checkpoints and summaries record under "config".
+"""
+import dataclasses
+import math
+import os
+from typing import Optional, Tuple
+
+from trainer import amp, checkpoint, cli, data, launch
+from trainer.config import Config, LaunchConfig, ModelConfig, PrecisionConfig, flat_dict
+from trainer.device import Device
+from trainer.errors import UsageError
+from trainer.rendezvous import check_master
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One run's facts, decided by ``plan``. Spawned ranks get the plan of their place (``placed``)."""
+    cfg: Config  # what was asked
+    kind: str  # the device kind (npu | cuda | cpu)
+    launch: LaunchConfig  # the config's, with the kind, the backend and (spawned ranks) the place decided
+    model: ModelConfig  # the config's, with the memory format and the weights file decided
+    precision: PrecisionConfig  # the config's, with --amp-impl and the loss scale decided for the kind
+    weights: Optional[checkpoint.File] = None  # --pretrained's file (read at most once a process)
+    resume: Optional[checkpoint.File] = None  # the checkpoint to resume or evaluate (read at most once a process)
+    notes: Tuple[str, ...] = ()
+
+    # the sections decided as asked
+    @property
+    def data(self):
+        return self.cfg.data
+
+    @property
+    def optim(self):
+        return self.cfg.optim
+
+    @property
+    def run(self):
+        return self.cfg.run
+
+    def as_dict(self):
+        """Every setting under its flat name, as decided (checkpoints' and summaries' "config")."""
+        return flat_dict(self)
+
+    def noted(self, *notes, first=False):
+        """This plan with ``notes`` after its own (what the run learnt since), or before them (``first``: the notes
+        of parsing)."""
+        return dataclasses.replace(self, notes=tuple(notes) + self.notes if first else self.notes + tuple(notes))
+
+    def placed(self, **place):
+        """This plan for a process at another place of the job (``LaunchConfig`` fields: a spawned rank's)."""
+        return dataclasses.replace(self, launch=self.launch.replace(**place))
+
+    def workers(self, node_cpus=None):
+        """Data-loader workers per process: -j (per node) shared by the node's processes, else the device's
+        default for the cores the node's ranks share (``node_cpus``: where this rank bound itself)."""
+        procs = max(1, self.launch.procs_per_node)
+        if self.data.dummy:
+            return 0  # batches made once on the device
+        if self.data.workers is None:
+            return Device.of(self.kind).default_workers(procs, node_cpus)
+        return int(math.ceil(self.data.workers / float(procs)))
+
+
+def plan(cfg, env=None):
+    """The run ``cfg`` asks for, decided and checked on this machine (``env``: the environment, os.environ by
+    default). Raises UsageError (one line) on anything that cannot run."""
+    env = os.environ if env is None else env
+    run = cfg.run
+    notes = []
+
+    # the network asked for exists
+    cli.check_arch(cfg.model.arch)
+
+    # the device kind (auto: the first kind that sees a device), its settings, the devices listed
+    kind = Device.resolve_kind(cfg.launch.device)
+    launch.check_devices(cfg.launch, kind)
+    device_class = Device.of(kind)
+
+    # precision: --amp-impl auto and apex's loss scale decided for the kind; flags without effect noted
+    precision, more = amp.settle(cfg, kind)
+    notes += more
+
+    # where this process sits: the processes of the job and their batch, the backend, the rendezvous, the master
+    section = cfg.launch
+    world = section.world_size
+    if section.mode == "spawn":
+        ids = section.device_list or tuple(range(device_class.count()))
+        world = section.nodes * len(ids)
+    if run.batch_size % world:
+        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
+            run.batch_size, world, world))
+    backend, more = launch.settle_backend(section, kind)
+    notes += more
+    section = section.replace(device=kind, dist_backend=backend)
+    notes += launch.check_launch(section, kind)
+    check_master(section)
+
+    # graph mode, SyncBatchNorm
+    if cfg.model.compile:
+        missing = device_class.compile_missing()
+        if missing:
+            raise UsageError(missing)
+        if run.evaluate:
+            notes.append("--compile applies to training: the evaluation runs eagerly")
+    if cfg.model.sync_bn and not device_class.supports_sync_bn:
+        raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
+
+    # the data set
+    if not cfg.data.dummy:
+        data.check_data_root(cfg.data.root, need_train=not run.evaluate)
+
+    # the weights: --pretrained FILE, or torchvision's published ones (downloaded into torch's cache)
+    weights = cfg.model.pretrained
+    if cfg.model.pretrained_published:
+        weights = checkpoint.published_weights(cfg.model.arch, cfg.model.name)
+    weights = checkpoint.File(weights, "weights file") if weights is not None else None
+    if weights is not None:
+        weights.load()
+
+    # the checkpoint to resume (or to evaluate): read once, carried in the plan
+    resume = checkpoint.resolve_resume(run.resume, run.output_dir, run.checkpoint_prefix)
+    resume = checkpoint.File(resume) if resume is not None else None
+    if resume is not None and run.evaluate:
+        checkpoint.state_dict_of(resume.load(), resume.path)
+    elif resume is not None:
+        done = checkpoint.read_training(resume, cfg.model.arch).epoch
+        if done >= run.epochs:
+            raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
+                             "--epochs to continue)".format(resume.path, done, run.epochs))
+
+    # the memory format: the device's where not asked
+    channels_last = cfg.model.channels_last
+    if channels_last is None:
+        channels_last = device_class.prefers_channels_last
+
+    # the output folder
+    if os.path.exists(run.output_dir) and not os.path.isdir(run.output_dir):
+        raise UsageError("--output-dir '{}' is a file, not a folder".format(run.output_dir))
+
+    return Plan(cfg=cfg, kind=kind, launch=section, precision=precision, weights=weights, resume=resume,
+                notes=tuple(notes), model=cfg.model.replace(channels_last=channels_last,
+                                                            pretrained=weights.path if weights else None))

@@ -1,0 +1,333 @@
+"""One rank's run: a ``Trainer`` built from a plan (trainer/plan.py), a device and a process group, that owns its
+parts, and ``fit()`` that reads as pytorch/examples' main_worker: for each epoch, train, validate, save, record.
+
+    Trainer(plan, device, dist, log, summary)   the parts, in order: resume, seed, data, model, precision,
+                                                criterion, optimizer step, DDP / graph mode, schedule, profiler,
+                                                checkpoint saver
+    trainer.fit()                               the epochs (the loops: trainer/engine.py)
+    trainer.evaluate()                          --evaluate: one validation of the weights given
+
+Every field of summary.json a run fills is filled in ``summary_fields``.
+"""
+import os
+import secrets
+
+import torch
+
+import models
+from trainer import affinity, amp, amp_probe, checkpoint, data, folders, graph, metrics, observe, optim, zoo
+from trainer.clusters import world_change
+from trainer.device import Device
+from trainer.engine import Loops
+from trainer.errors import UsageError
+from trainer.guard import Diverged, all_finite
+from trainer.schedule import Schedule
+
+
+class Trainer(Loops):
+    """``summary``: the summary.RunSummary of a rank that writes one, else None. ``amp_timer``: the timing function
+    of the --amp dtype probe (trainer/amp_probe.py ``time_steps`` by default)."""
+
+    def __init__(self, plan, device, dist, log, summary=None, amp_timer=None):
+        self.plan, self.device, self.dist, self.log, self.summary = plan, device, dist, log, summary
+        run, world = plan.run, dist.world_size
+        self.batch_per_rank = run.batch_size // world
+        self.workers = plan.workers(affinity.node_cpus())
+        resume = None
+        if plan.resume is not None and not run.evaluate:
+            resume = checkpoint.read_training(plan.resume, plan.model.arch)
+        elif run.resume == "auto" and not run.evaluate:
+            log("=> no checkpoint in '{}' to resume: starting a new run".format(run.output_dir))
+        self.seed = run.seed
+        if self.seed is None:
+            self.seed = resume.seed if resume is not None and resume.seed is not None else secrets.randbits(31)
+            self.seed = dist.broadcast_int(self.seed, device)  # every rank must shuffle alike
+        device.manual_seed(self.seed)
+
+        self.train_loader, self.val_loader, self.info = data.build(
+            plan.data, device, data.Sampling(self.batch_per_rank, dist.rank, world, self.workers, self.seed),
+            need_train=not run.evaluate, channels_last=plan.model.channels_last, num_classes=plan.model.num_classes)
+        self.num_classes = plan.model.num_classes or self.info.num_classes
+        if plan.model.num_classes is not None and self.info.classes is not None and \
+                plan.model.num_classes < self.info.num_classes:
+            raise UsageError("--num-classes {} is below the {} class folders in the data".format(
+                plan.model.num_classes, self.info.num_classes))
+        self.model = build_model(plan.model, self.num_classes, device, world, log, plan.weights)
+        self.precision = amp.resolve(plan.precision, device, world, amp_probe.for_run(
+            plan, self.model, device, dist, self.batch_per_rank, timer=amp_timer))
+        log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
+            "| amp {} | data {} ({} classes, {} train / {} val images, {} backend, {} workers per process)".format(
+                plan.model.arch, device.name, world, self.batch_per_rank, run.batch_size, plan.optim.lr,
+                plan.optim.lr_schedule, plan.optim.warmup_epochs, amp_label(self.precision), self.info.layout,
+                self.num_classes, self.info.train_images, self.info.val_images, self.info.backend, self.workers),
+            all_ranks=True)
+        if self.info.note:
+            log("note: " + self.info.note)
+        self.normalize = data.Normalizer(device, plan.model.channels_last)
+        self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=plan.optim.label_smoothing)
+        self.zoo = metrics.ZooLines(run.modelzoo, device.index)  # the lines ModelZoo's scripts grep
+        self.recorder, self.profiler, self.step, self.fallback_total = observe.Silent(), None, None, 0
+        self.stop_requested, self.first_steps = False, None  # first_steps: the wall times of the first steps
+        self.model_for_eval, self.start_epoch, self.best_acc1, self.steps = self.model, run.start_epoch, None, 0
+        if run.evaluate:
+            self._log_notes(tuple(plan.notes) + tuple(n for n in (self.precision.note,) if n))
+        else:
+            self._build_training(resume)
+
+    def _build_training(self, resume):
+        """The training parts: loss, optimizer step, the checkpoint's state, DDP and graph mode, the schedule,
+        the profiler, the checkpoint saver."""
+        plan, device, log = self.plan, self.device, self.log
+        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan.optim.label_smoothing).to(
+            device.torch_device)
+        choice = optim.build(plan.optim, self.model, device, self.precision)
+        self.model, self.step = amp.wrap(choice, self.precision, device, self.model)
+        self._log_notes(tuple(plan.notes) + tuple(self.step.notes))
+        slower = device.compile_warning(self.precision.dtype if self.precision.impl == "native" else None) \
+            if plan.model.compile else None
+        if slower:
+            log("warning: " + slower)
+        folders.check_same_epoch(self.dist, device, resume.epoch if resume is not None else plan.run.start_epoch,
+                                 "'{}'".format(resume.path) if resume is not None else "no checkpoint in '{}'".format(
+                                     plan.run.output_dir), (plan.launch.local_rank or 0) == 0)
+        if resume is not None:
+            self._restore(resume)
+            plan.resume.release()  # the file's contents are in the parts now
+        self.model_for_eval = self.model
+        if self.dist.active and not self.precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
+            self.model = device.ddp(self.model, plan.launch.broadcast_buffers)
+        self.model = graph.wrap(self.model, _unwrap(self.model_for_eval), device, plan.model, log)
+        self.steps = len(self.train_loader)
+        if plan.run.max_steps_per_epoch:
+            self.steps = min(self.steps, plan.run.max_steps_per_epoch)
+        self.schedule = Schedule(plan.optim.lr, plan.optim.lr_schedule, plan.run.epochs, plan.optim.warmup_epochs,
+                                 self.steps, plan.optim.lr_step_unit, plan.optim.warmup_offset)
+        zoo.check_skip_steps(plan.run.skip_steps, self.steps)
+        if plan.run.profile_steps is not None:
+            from trainer.profiling import StepProfiler
+            self.profiler = StepProfiler(plan.run.profile_steps, plan.run.profile_stop, device, plan.run.output_dir,
+                                         self.dist.rank, log)
+        self.saver = checkpoint.CheckpointSaver(
+            plan.run, _unwrap(self.model_for_eval), self.step, self.schedule, device,
+            dict(arch=plan.model.arch, model=plan.model.name, num_classes=self.num_classes, classes=self.info.classes,
+                 seed=self.seed, config=plan.as_dict()))
+
+    def _restore(self, resume):
+        """The model, optimizer step, RNGs from ``resume`` (a checkpoint.Resume); the epoch and best Acc@1."""
+        plan, log = self.plan, self.log
+        _unwrap(self.model).load_state_dict(resume.state_dict)
+        self.step.restore(resume.entries, log)
+        checkpoint.restore_rng(resume.rng, self.device)
+        saved = resume.lr_schedule
+        mine = {"lr": plan.optim.lr, "kind": plan.optim.lr_schedule, "epochs": plan.run.epochs,
+                "warmup_epochs": plan.optim.warmup_epochs}
+        diffs = ["{} {} (checkpoint {})".format(k, mine[k], saved[k]) for k in mine
+                 if k in saved and saved[k] != mine[k]]
+        if diffs:
+            log("note: the command line wins over the checkpoint's schedule: " + ", ".join(diffs))
+        for note in world_change(resume.entries.get("config"), plan):
+            log("note: " + note)
+        if plan.run.start_epoch:
+            log("note: --start-epoch {} ignored: resuming at epoch {} from the checkpoint".format(
+                plan.run.start_epoch, resume.epoch))
+        log("=> resumed '{}' at epoch {} (best Acc@1 {})".format(resume.path, resume.epoch, resume.best_acc1))
+        self.start_epoch, self.best_acc1 = resume.epoch, resume.best_acc1
+
+    def _log_notes(self, notes):
+        """Each note as a ``note:`` line of the log, and all of them in the summary."""
+        for note in notes:
+            self.log("note: " + note)
+        if self.summary is not None:
+            self.summary.update(notes=list(notes))
+
+    def fit(self):
+        """The epochs: train, validate, save, record. Returns 0 (a failure raises)."""
+        run, dist, log, summary = self.plan.run, self.dist, self.log, self.summary
+        self.recorder = _recorder(self)
+        try:
+            totals = metrics.RunTotals()
+            best_acc1, last_val = self.best_acc1, None
+            self._summarize(totals, epochs_completed=self.start_epoch, best_acc1=best_acc1)
+            if summary is not None:
+                summary.started = True
+            for epoch in range(self.start_epoch, run.epochs):
+                tr = self.train_one_epoch(self.train_loader, epoch, self.steps)
+                totals.add(tr)
+                done = epoch + 1
+                val = None
+                if run.validate and (done % run.eval_freq == 0 or done == run.epochs or self.stop_requested):
+                    val = last_val = self.validate(self.val_loader, self.model_for_eval)
+                is_best = val is not None and (best_acc1 is None or val.acc1 > best_acc1)
+                if is_best:
+                    best_acc1 = val.acc1
+                overflow = self._check_health(epoch)
+                if val is not None:
+                    self.recorder.validation(done * self.steps, dict(val.as_dict(), epoch_seconds=tr.seconds))
+                if summary is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
+                    self.saver.save(done, best_acc1, is_best)
+                    self._summarize(totals, last_val, epochs_completed=done, train_acc1=tr.acc1, final_loss=tr.loss,
+                                    last_loss=tr.last_loss, first_steps_seconds=list(self.first_steps or ()),
+                                    best_acc1=best_acc1)
+                    summary.write()
+                    self.recorder.epoch_record(self._epoch_record(epoch, tr, val, overflow))
+                dist.barrier()
+                if self.stop_requested:
+                    log("=> stopping after the profiled steps (--profile-stop)")
+                    break
+            if self.profiler is not None:
+                self.profiler.close()  # a run that ended before END still leaves its trace
+        finally:
+            self.recorder.close()
+        if summary is not None:
+            summary.write("ok")
+            log("=> summary: {}".format(os.path.abspath(summary.path)), all_ranks=True)  # a node's own folder's too
+        return 0
+
+    def _check_health(self, epoch):
+        """After an epoch, on every rank alike: images the device backend decoded on the CPU and steps skipped for
+        inf/nan gradients are logged, non-finite weights stop the run (Diverged). Returns the skipped steps."""
+        overflow = self.step.overflow_steps() if self.precision.scaled else 0
+        fallbacks = self._fallbacks()
+        if fallbacks:
+            self.log("=> {} image(s) so far decoded on the CPU: not JPEGs the device decodes (PNG, CMYK, ...)".format(
+                fallbacks))
+        if overflow:
+            self.log("=> {} step(s) skipped so far for inf/nan gradients (loss scale {})".format(
+                overflow, self.step.loss_scale()))
+        if not all_finite(_unwrap(self.model_for_eval).state_dict().values()):  # every rank stops alike
+            raise Diverged("non-finite weights", {"epoch": epoch, "step": None, "lr": None,
+                                                  "loss_scale": self.step.loss_scale()})
+        return overflow
+
+    def _fallbacks(self):
+        """Images the device data backend had decoded on the CPU (not JPEG, or a colour mode it does not take),
+        summed over ranks: every rank calls this at the same points."""
+        n = sum(getattr(loader, "fallbacks", 0) for loader in (self.train_loader, self.val_loader)
+                if loader is not None)
+        if self.info.backend != data.DEVICE_DECODE:
+            return n
+        n = int(self.dist.sum(n, self.device))  # one collective (this rank's count alone when not distributed)
+        self.fallback_total = n
+        return n
+
+    def _epoch_record(self, epoch, tr, val, overflow):
+        """metrics.jsonl's line of an epoch."""
+        return {
+            "epoch": epoch, "global_step": (epoch + 1) * self.steps, "train_loss": tr.loss, "train_acc1": tr.acc1,
+            "train_acc5": tr.acc5, "val_loss": val.loss if val else None,
+            "val_acc1": val.acc1 if val else None, "val_acc5": val.acc5 if val else None,
+            "lr": self.schedule(epoch, tr.steps - 1), "images_per_second": tr.fps, "fps_steps": tr.timed_steps,
+            "data_wait_fraction": tr.data_wait_seconds / tr.seconds if tr.seconds else None,
+            "overflow_steps": overflow, "seconds": tr.seconds, "arch": self.plan.model.arch,
+            "device": self.device.name, "step_losses": [list(p) for p in tr.step_losses],
+            "world_size": self.dist.world_size, "amp": amp_label(self.precision)}
+
+    def summary_fields(self, totals=None, last_val=None):
+        """summary.json's fields of this run (training: ``totals``, a metrics.RunTotals; the last validation)."""
+        fields = dict(device=self.device.name, world_size=self.dist.world_size,
+                      per_device_batch_size=self.batch_per_rank, data_layout=self.info.layout,
+                      data_backend=self.info.backend, data_workers=self.workers, num_classes=self.num_classes)
+        if self.step is None:  # an evaluation
+            fields.update(amp=self.precision.describe(), num_classes=model_num_classes(self.model))
+        else:
+            overflow = self.step.overflow_steps() if self.precision.scaled else 0
+            trained = totals.trained_steps if totals is not None else 0
+            fields.update(steps_per_epoch=self.steps, optimizer=self.step.name, train_images=self.info.train_images,
+                          data_fallback_images=self.fallback_total, amp=self.step.describe(),
+                          compile=self.model.describe(), compile_seconds=self.model.seconds,
+                          overflow_steps=overflow, skipped_fraction=overflow / float(trained) if trained else 0.0,
+                          **self.saver.existing())
+            if totals is not None:
+                fields.update(totals.fields())
+        if last_val is not None:
+            fields.update(final_acc1=last_val.acc1, final_acc5=last_val.acc5, val_images=last_val.images,
+                          val_loss=last_val.loss)
+        return fields
+
+    def _summarize(self, totals, last_val=None, **now):
+        if self.summary is not None:
+            self.summary.update(**dict(self.summary_fields(totals, last_val), **now))
+
+    def evaluate(self):
+        """--evaluate: one validation of the weights given (--resume FILE, --pretrained, or as initialised)."""
+        plan, log, summary = self.plan, self.log, self.summary
+        if plan.resume is not None:
+            sd = checkpoint.state_dict_of(plan.resume.load(), plan.resume.path)
+            plan.resume.release()
+            try:
+                self.model.load_state_dict(sd)
+            except RuntimeError as exc:
+                raise UsageError("'{}' does not fit --arch {} with {} classes ({})".format(
+                    plan.resume.path, plan.model.arch, model_num_classes(self.model), str(exc).splitlines()[0][:160]))
+            log("=> evaluating '{}'".format(plan.resume.path))
+        elif plan.model.pretrained is None:
+            log("warning: --evaluate without --resume or --pretrained evaluates randomly initialised weights")
+        if summary is not None:
+            summary.started = True
+        val = self.validate(self.val_loader, self.model)
+        if summary is not None:
+            self._summarize(None, val, best_acc1=val.acc1,
+                            checkpoint=plan.resume.path if plan.resume is not None else None)
+            summary.write("ok")
+            log("=> summary: {}".format(os.path.abspath(summary.path)))
+        return 0
+
+
+def build_model(section, num_classes, device, world, log=None, weights=None):
+    """The model of the model section (a config.ModelConfig, as the plan decided it) on ``device``: built, its
+    --pretrained weights (``weights``: a checkpoint.File) loaded (a note about them goes to ``log``), SyncBatchNorm
+    where asked in a job of ``world`` processes, channels-last where chosen."""
+    kwargs = {"zero_init_residual": True} if section.zero_init_residual else {}
+    try:
+        model = models.get_model(section.name, num_classes=num_classes, **kwargs)
+    except TypeError as exc:
+        raise UsageError("--arch {} does not take this option ({}); --zero-init-residual is for ResNets".format(
+            section.arch, str(exc).splitlines()[0]))
+    if weights is None and section.pretrained is not None:
+        weights = checkpoint.File(section.pretrained, "weights file")
+    if weights is not None:
+        note = checkpoint.load_weights_into(model, weights, published=section.pretrained_published)
+        weights.release()
+        if note and log is not None:
+            log("note: " + note)
+    if hasattr(model, "set_index_dtype"):
+        model.set_index_dtype(device.index_dtype)
+    if section.sync_bn and world > 1:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device.torch_device)
+    if section.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def amp_label(precision):
+    """The precision as the run's first line and metrics.jsonl name it."""
+    if not precision.enabled:
+        if precision.probe is not None:
+            return "off (float32: measured faster than bfloat16 here)"
+        return "off" if precision.note is None else "off (float32: no native bfloat16 here)"
+    return "{} {}".format(precision.impl, precision.dtype_name)
+
+
+def _recorder(trainer):
+    """Rank 0's ``observe.Recorder`` (TensorBoard, metrics.jsonl, progress bar); ``Silent`` elsewhere."""
+    run = trainer.plan.run
+    if not trainer.dist.is_main:
+        return observe.Silent()
+    mode, note = observe.progress_mode(run.progress)
+    if note:
+        trainer.log("note: " + note)
+    return observe.Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", trainer.start_epoch, trainer.steps,
+                            trainer.plan.as_dict(), trainer.log)
+
+
+def model_num_classes(model):
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    return last[-1].out_features if last else None
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)
+
+
+__all__ = ["Trainer", "build_model", "amp_label", "model_num_classes", "Device"]
