@@ -180,6 +180,24 @@ def test_no_module_outside_tests_and_bench_is_over_500_lines():
     assert not long, "over {} lines, split them: {}".format(MAX_MODULE_LINES, ", ".join(long))
 
 
+MAX_PARAMETERS = 8  # a function of trainer/ that needs more takes the part or section that holds them
+
+
+def _parameters(node):
+    """The parameters a caller passes to function ``node`` (self and cls aside; *args and **kwargs one each)."""
+    a = node.args
+    names = [x.arg for x in getattr(a, "posonlyargs", []) + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def test_no_function_of_the_trainer_takes_more_than_8_parameters():
+    """Functions, methods and hand-written constructors (a dataclass's fields are a record, not a call)."""
+    many = ["{}:{} {} ({})".format(os.path.relpath(SOURCES[name], ROOT), node.lineno, node.name, _parameters(node))
+            for name in sorted(SOURCES) if name.split(".")[0] == "trainer" for node in ast.walk(TREES[name])
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(node) > MAX_PARAMETERS]
+    assert not many, "more than {} parameters: {}".format(MAX_PARAMETERS, ", ".join(many))
+
+
 def test_the_checks_see_what_they_check():
     """The scanners find a cycle, an upward import and a sys.path edit where there is one."""
     tree = ast.parse("import sys\nsys.path.insert(0, '.')\nsys.path[:0] = ['x']\nsys.path += ['y']\n")
@@ -189,3 +207,5 @@ def test_the_checks_see_what_they_check():
     assert _upward("tools.plot_runs", "main") and not _upward("tools.acceptance", "modelzoo.acceptance")
     assert "trainer.errors" in {t for _, t in _imports("modelzoo.plan", import_time_only=True)}
     assert _project("trainer.errors.UsageError") == "trainer.errors" and _project("torch.nn") is None
+    wide = ast.parse("def f(a, b, c, d, e, g, h, i, *rest, **kw): pass\nclass C:\n    def m(self, a, *, b=1): pass\n")
+    assert [_parameters(n) for n in ast.walk(wide) if isinstance(n, ast.FunctionDef)] == [10, 2]

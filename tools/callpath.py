@@ -22,6 +22,7 @@ import argparse
 import collections
 import json
 import os
+import runpy
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -106,9 +107,8 @@ def main(argv=None):
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- then main.py's arguments")
     ns = p.parse_args(argv)
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
-    sys.path.insert(0, ROOT)
-    import main as entry
-    code, order = trace(entry.main, args, ns.all)
+    entry = runpy.run_path(os.path.join(ROOT, "main.py"), run_name="callpath")  # main.py's functions, not run
+    code, order = trace(entry["main"], args, ns.all)
     path, reentries = walk(order)
     if ns.functions:
         for rel, name in order:
