@@ -11,7 +11,7 @@ import tempfile
 import time
 import traceback
 
-from trainer import device as devmod
+from trainer.device import Device
 from trainer.errors import UsageError
 from trainer.guard import EXIT_DIVERGED
 from trainer.launch import check_port_free, free_port
@@ -114,7 +114,7 @@ def spawn(cfg, kind, worker):
     If any rank fails, the others are stopped and this returns its exit code (2 for a
     user error, 4 for a divergence, 1 otherwise); Ctrl-C stops all of them (130, SIGTERM 143).
     """
-    ids = cfg.launch.device_list or tuple(range(devmod.count(kind)))
+    ids = cfg.launch.device_list or tuple(range(Device.of(kind).count()))
     nprocs = len(ids)
     world = cfg.launch.nodes * nprocs
     if cfg.run.batch_size % world:

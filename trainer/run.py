@@ -25,7 +25,7 @@ from trainer import checkpoint, cli, data, distributed, folders, graph, launch, 
 from trainer.clusters import world_change
 from trainer.rendezvous import check_master, peer_failure, show_traces
 from trainer import device as devmod
-from trainer.device import Device, resolve_kind
+from trainer.device import Device
 from trainer.engine import Engine
 from trainer.errors import UsageError, one_line
 from trainer.guard import Diverged, all_finite
@@ -37,21 +37,21 @@ def preflight(cfg, given=frozenset(), reader=None):
     files it reads stay with ``reader`` for this process's run."""
     reader = reader or checkpoint.Reader()
     cli.check_arch(cfg.model.arch)
-    kind = resolve_kind(cfg.launch.device)
+    kind = Device.resolve_kind(cfg.launch.device)
     launch.check_devices(cfg.launch, kind)
     cfg, notes = ampmod.settle(cfg.replace(device=kind), kind, given)
     if cfg.model.channels_last is None:
-        cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
+        cfg = cfg.replace(channels_last=Device.of(kind).prefers_channels_last)
     cfg, more = launch.settle_backend(cfg, kind)
     notes += more + launch.check_launch(cfg.launch, kind)
     check_master(cfg.launch)
     if cfg.model.compile:
-        missing = devmod.compile_missing(kind)
+        missing = Device.of(kind).compile_missing()
         if missing:
             raise UsageError(missing)
         if cfg.run.evaluate:
             notes += ("--compile applies to training: the evaluation runs eagerly",)
-    if cfg.model.sync_bn and not devmod.supports_sync_bn(kind):
+    if cfg.model.sync_bn and not Device.of(kind).supports_sync_bn:
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
     if not cfg.data.dummy:
         data.check_data_root(cfg.data.root, need_train=not cfg.run.evaluate)
@@ -100,7 +100,7 @@ def worker(cfg, reader=None, notes=(), amp_timer=None):
         bound = affinity.bind(cfg.launch, cfg.launch.device)  # before any thread or data worker starts
         device = Device.create(cfg.launch.device, launch.device_index(cfg.launch))
         settings = device.configure(cfg.launch)
-        host_memory = devmod.keep_host_memory(device.kind)
+        host_memory = device.keep_host_memory()
         dist = distributed.init(cfg.launch, device)
     except UsageError as exc:
         summary.failed_start(cfg, exc)
@@ -208,7 +208,7 @@ def build(cfg, device, dist, log, rs, reader, notes=(), amp_timer=None):
     if cfg.data.dummy:
         workers = 0  # batches made once on the device
     elif cfg.data.workers is None:
-        workers = devmod.default_workers(device.kind, procs, affinity.node_cpus())
+        workers = device.default_workers(procs, affinity.node_cpus())
     else:
         workers = int(math.ceil(cfg.data.workers / float(procs)))
     resume_path = checkpoint.resolve_resume(cfg.run.resume, cfg.run.output_dir, cfg.run.checkpoint_prefix)
