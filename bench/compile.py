@@ -23,7 +23,6 @@ import time
 import torch
 
 import models
-from trainer import device as devmod
 from trainer.config import ModelConfig
 from trainer.device import Device
 from trainer.graph import wrap
@@ -73,7 +72,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     device = Device.create(a.device)
-    host_memory = devmod.keep_host_memory(device.kind)
+    host_memory = device.keep_host_memory()
     dtypes = a.dtype
     if dtypes is None:
         amp_dtype, note = device.resolve_amp_dtype("auto")

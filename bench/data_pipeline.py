@@ -61,7 +61,7 @@ import time
 import torch
 
 from trainer import data as datamod
-from trainer.device import Device, prefers_channels_last, user_allocator_choice
+from trainer.device import Device, user_allocator_choice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -118,7 +118,7 @@ def trainer_loader(root, split, batch, workers, backend, device):
     val_samples = datamod.scan_val(val_dir, {c: i for i, c in enumerate(classes)})
     train_samples = datamod.scan_train(train_dir, classes) if need_train else None
     spec = datamod.LoaderSpec(batch_per_rank=batch, workers=workers, seed=0,
-                              channels_last=prefers_channels_last(device.kind), decode=decode)
+                              channels_last=device.prefers_channels_last, decode=decode)
     train, val = datamod.BACKENDS[backend](spec, device, train_samples, val_samples)
     return train if need_train else val
 
@@ -144,7 +144,7 @@ def time_loader(loader, images, to_device):
 
 def loader_bench(a, device):
     backends = ["torchvision", "cpu", "gpu"] if a.backend == "all" else [a.backend]
-    norm = datamod.Normalizer(device, prefers_channels_last(device.kind))
+    norm = datamod.Normalizer(device, device.prefers_channels_last)
     results = {b: [] for b in backends}
     for r in range(a.rounds):
         order = backends[r % len(backends):] + backends[:r % len(backends)]

@@ -3,17 +3,12 @@
 ``get_model(name, num_classes=1000, **kwargs)`` builds a model by name, randomly initialised
 (weights files are the trainer's business: trainer/checkpoint.py); nothing is ever downloaded here.
 ``published_weights_url(name)`` says where torchvision publishes ImageNet weights for a name.
-``list_models()`` gives every name, for ``--help`` and for suggestions.
+``list_models()`` gives every name, for ``--help`` and for suggestions. This project's own models are registered
+with ``register_model`` (models/registry.py, the one module a model module imports).
 """
 import difflib
 
-_REGISTRY = {}
-
-
-def register_model(fn):
-    """Decorator: make ``fn(num_classes=..., **kwargs)`` buildable by its name."""
-    _REGISTRY[fn.__name__] = fn
-    return fn
+from models.registry import REGISTRY as _REGISTRY, register_model  # noqa: F401 (models.register_model)
 
 
 def _torchvision_models():
@@ -35,8 +30,8 @@ def _torchvision_names():
 
 
 def _ensure_local_models():
-    # Imported lazily so that importing the registry stays cheap.
-    from models import shufflenet_npu, tiny  # noqa: F401  (register their builders)
+    # Imported lazily so that importing the registry stays cheap. A new model module is named here.
+    from models import shufflenet_npu, tiny  # noqa: F401  (register their builders in models/registry.py)
 
 
 def list_models():

@@ -7,7 +7,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from models import register_model
+from models.registry import register_model
 
 __all__ = [
     "ShuffleNetV2NPU",

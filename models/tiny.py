@@ -5,7 +5,7 @@ depend on how the batch is split over processes (no BN statistics, no random dro
 """
 import torch.nn as nn
 
-from models import register_model
+from models.registry import register_model
 
 
 class TinyCNN(nn.Module):

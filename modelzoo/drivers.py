@@ -131,8 +131,9 @@ def run(mode, scale, argv, env=None):
     prepare_output(p)
     for note in p.notes:
         print("note: " + note)
-    from trainer.device import has_device_ids
-    where = ("1 process on {}{}".format(p.device, " device {}".format(p.device_id) if has_device_ids(p.device) else "")
+    from trainer.device import Device
+    numbered = Device.of(p.device).numbered
+    where = ("1 process on {}{}".format(p.device, " device {}".format(p.device_id) if numbered else "")
              if scale == "1p" else "{} processes on {} devices {}{}".format(
                  p.ranks, p.device, ",".join(str(d) for d in p.devices),
                  " (node {} of {}, {} ranks in all, master {}:{})".format(p.node_rank, p.nodes, p.world,

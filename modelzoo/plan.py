@@ -369,15 +369,15 @@ def run_acceptance(argv, usage=False):
 
 def precision_flags(p):
     """main.py flags for O1 / O2 / fp32: apex at that level where the device has it, else native autocast."""
-    from trainer import device as devmod
+    from trainer.device import Device, apex_amp
     if p.precision == "fp32":
         return []
-    if p.device != "auto" and not devmod.supports_apex(p.device):
+    if p.device != "auto" and not Device.of(p.device).supports_apex:
         return ["--amp", "--opt-level", p.precision]  # main.py's --amp decides the dtype there
-    kind = devmod.resolve_kind(p.device)
-    if devmod.supports_apex(kind) and devmod.apex_amp() is not None:
+    kind_cls = Device.of(Device.resolve_kind(p.device))
+    if kind_cls.supports_apex and apex_amp() is not None:
         return ["--amp", "--amp-impl", "apex", "--opt-level", p.precision]
-    if devmod.supports_apex(kind):
+    if kind_cls.supports_apex:
         p.notes.append("precision {}: apex is not installed, so mixed precision is native autocast with a loss "
                        "scaler".format(p.precision))
     return ["--amp", "--opt-level", p.precision]
@@ -401,9 +401,9 @@ def command(p):
     if p.args.resume:
         cmd += ["--resume", p.args.resume]
     cmd += precision_flags(p)
-    from trainer.device import has_device_ids
+    from trainer.device import Device
     if p.scale == "1p":
-        if has_device_ids(p.device):
+        if Device.of(p.device).numbered:
             cmd += ["--gpu", str(p.device_id)]
     else:
         cmd += ["--device-list", ",".join(str(d) for d in p.devices)]

@@ -34,7 +34,7 @@ try:
     obs["second_device"] = "allowed"
 except RuntimeError as exc:
     obs["second_device"] = str(exc)
-obs["auto_kind"] = devmod.resolve_kind("auto")
+obs["auto_kind"] = devmod.Device.resolve_kind("auto")
 obs["name"] = dev.name
 obs["target_dtype"] = str(dev.target_dtype)
 obs["index_dtype"] = str(dev.index_dtype)
@@ -159,7 +159,7 @@ cfg, notes = settled("--amp", "--device", "npu")  # Ascend apex installed, torch
 obs["default_amp"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale}
 real_version = torch_npu.__version__
 torch_npu.__version__ = "1.11.0.post3"  # the 1.11 stack, whose guide trains with Ascend apex
-obs["default_amp_1_11"] = devmod.default_amp_impl("npu")
+obs["default_amp_1_11"] = devmod.Device.of("npu").default_amp_impl()
 cfg, notes = settled("--amp", "--device", "npu")
 obs["guide_amp"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.precision.loss_scale, "notes": list(notes),
                     "initialize": apex_init(cfg)}

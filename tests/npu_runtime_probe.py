@@ -21,7 +21,7 @@ out_dir, flags = sys.argv[1], sys.argv[2:]
 obs = {"release": torch_npu.__version__}
 cfg = parse_config(["--dummy", "--device", "npu"] + flags).cfg
 try:
-    problem = devmod.class_for("npu").settings_problem(cfg.launch)
+    problem = devmod.Device.of("npu").settings_problem(cfg.launch)
     if problem:
         raise UsageError(problem)
     torch_npu.reset_calls()

@@ -40,7 +40,7 @@ def test_parses_as_python_37(path):
 
 def test_device_words_stay_in_the_device_layer():
     """Only the device layer (trainer/device/, and trainer/device_names.py, its torch-free names) names
-    device kinds: no other trainer module decides per kind."""
+    a device kind: no other trainer module decides per kind."""
     offenders = []
     for path in SOURCES:
         rel = os.path.relpath(path, ROOT)

@@ -395,13 +395,13 @@ def test_validation_counts_every_image_once(tmp_path):
 
 def test_workers_default_from_the_cores_and_are_reported(tmp_path):
     """No -j: the device's default per process (a CPU here), in the log line and summary.json."""
-    from trainer.device import default_workers
+    from trainer.device import Device
     root = generate(str(tmp_path / "d"), classes=2, train_per_class=8, val_per_class=2, size=32, seed=4)
     k = SMALL.index("-j")
     args = SMALL[:k] + SMALL[k + 2:]
     proc = run_main([root, "-a", "tiny_cnn", "--epochs", "1", "-b", "4", "--device", "cpu", "--no-tensorboard",
                      "--output-dir", str(tmp_path / "o")] + args)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    expected = default_workers("cpu", 1)
+    expected = Device.of("cpu").default_workers(1)
     assert read_summary(tmp_path / "o")["data_workers"] == expected
     assert "{} workers per process".format(expected) in proc.stdout

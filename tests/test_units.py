@@ -13,7 +13,7 @@ import torch
 from conftest import gone
 from trainer import metrics, recipes
 from trainer.config import build_parser
-from trainer.device import Device, default_workers
+from trainer.device import Device
 from trainer import launch
 from trainer import ranks as supervision
 from trainer.launch import resolve_launch
@@ -305,28 +305,28 @@ def test_signals_raise_interrupted_inside_with_only():
 
 def test_default_workers_follow_the_cores_and_the_processes():
     # an accelerator node: each process's share of the cores less its own, 2 to 16
-    assert default_workers("npu", 8, cpus=192) == 16
-    assert default_workers("cuda", 8, cpus=64) == 7
-    assert default_workers("cuda", 1, cpus=16) == 15
-    assert default_workers("cuda", 8, cpus=8) == 2
+    assert Device.of("npu").default_workers(8, cpus=192) == 16
+    assert Device.of("cuda").default_workers(8, cpus=64) == 7
+    assert Device.of("cuda").default_workers(1, cpus=16) == 15
+    assert Device.of("cuda").default_workers(8, cpus=8) == 2
     # a CPU: pytorch/examples' 4 at most, never more than the share, at least 1
-    assert default_workers("cpu", 1, cpus=2) == 2
-    assert default_workers("cpu", 1, cpus=64) == 4
-    assert default_workers("cpu", 4, cpus=2) == 1
+    assert Device.of("cpu").default_workers(1, cpus=2) == 2
+    assert Device.of("cpu").default_workers(1, cpus=64) == 4
+    assert Device.of("cpu").default_workers(4, cpus=2) == 1
 
 
 
 _HEAP_PROBE = r"""
 import ctypes, json, sys
 import torch
-from trainer import device as devmod
+from trainer.device import Device
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
 libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = Info
-what = devmod.keep_host_memory(sys.argv[1], json.loads(sys.argv[2]))
-again = devmod.keep_host_memory("cpu", {})
+what = Device.of(sys.argv[1]).keep_host_memory(json.loads(sys.argv[2]))
+again = Device.of("cpu").keep_host_memory({})
 t = torch.ones(16 * 2 ** 20)  # 64 MiB, twice glibc's largest mmap threshold
 during = libc.mallinfo2()
 del t

@@ -16,7 +16,7 @@ the cores themselves are split. The result (what the kernel reports back) goes t
 """
 import os
 
-from trainer import device as devmod
+from trainer.device import Device
 
 MODES = ("auto", "on", "off")
 NODE_ROOT = "/sys/devices/system/node"
@@ -109,9 +109,9 @@ def bind(section, kind, environ=None):
     out = {"mode": mode, "cpus": None}
     if not hasattr(os, "sched_setaffinity"):
         return dict(out, reason="this OS has no sched_setaffinity")
-    if mode == "off" or (mode == "auto" and not devmod.binds_host_cores(kind)):
+    if mode == "off" or (mode == "auto" and not Device.of(kind).binds_host_cores):
         return dict(out, reason="--cpu-binding off" if mode == "off" else "a CPU run binds nothing unless asked")
-    itself = devmod.runtime_binds_cores(kind, environ)
+    itself = Device.of(kind).runtime_binds_cores(environ)
     if itself:
         return dict(out, by=itself)
     cpus = sorted(os.sched_getaffinity(0))

@@ -56,18 +56,18 @@ def settle(cfg, kind, given=frozenset()):
         if unused:
             notes.append("{} {} no effect without --amp".format(" and ".join(unused),
                                                                "have" if len(unused) > 1 else "has"))
-        if cfg.launch.world_size == 1 and devmod.guides_train_with_amp(kind) and not cfg.run.evaluate:
+        if cfg.launch.world_size == 1 and devmod.Device.of(kind).guides_train_with_amp and not cfg.run.evaluate:
             notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
                          "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
         return cfg.precision.replace(amp_impl="native"), tuple(notes)
     impl = cfg.precision.amp_impl
     if impl == "auto":
-        impl = "native" if cfg.precision.amp_dtype == "bfloat16" else devmod.default_amp_impl(kind)
+        impl = "native" if cfg.precision.amp_dtype == "bfloat16" else devmod.Device.of(kind).default_amp_impl()
     loss_scale = cfg.precision.loss_scale
     if impl == "apex":
         _check_apex(cfg.precision, kind)
         if "loss_scale" not in given:
-            loss_scale = devmod.default_apex_loss_scale(kind)
+            loss_scale = devmod.Device.of(kind).default_apex_loss_scale
         if cfg.precision.amp_impl == "auto":
             notes.append("--amp: apex.amp {}, loss scale {}{} (the Ascend guide's settings); --amp-impl native for "
                          "torch's autocast".format(cfg.precision.opt_level, "dynamic" if loss_scale is None else
@@ -93,7 +93,7 @@ def _check_apex(section, kind):
     if devmod.apex_amp() is None:
         raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
                          "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
-    if not devmod.supports_apex(kind):
+    if not devmod.Device.of(kind).supports_apex:
         raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
     if section.amp_dtype == "bfloat16":
         raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")

@@ -83,7 +83,7 @@ def read(path, what="checkpoint"):
     if not os.path.isfile(path):
         raise UsageError("{} '{}' is not a file".format(what, path))
     try:
-        return devmod.torch_load(path, map_location=devmod.load_location())
+        return devmod.torch_load(path, map_location=devmod.HOST)
     except devmod.UnsafeCheckpoint as exc:
         raise UsageError(
             "{} '{}' holds Python objects beyond tensors and plain data{} and was not loaded: unpickling them could "

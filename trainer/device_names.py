@@ -1,7 +1,7 @@
 """The device layer's names, without torch: what ``--device`` and ``--data-backend`` accept.
 
 Argument checks (main.py's parser, the ModelZoo drivers) import this module, so that ``--help`` and a
-bad value answer at once; ``trainer/device.py`` re-exports every name and holds all the rest.
+bad value answer at once; trainer/device/__init__.py re-exports every name and holds all the rest.
 """
 
 KINDS = ("npu", "cuda", "cpu")

@@ -30,7 +30,7 @@ def process_count(ns, env):
     place = _place(ns, env)
     if place["world_size"]:
         return place["world_size"]
-    return place["nodes"] * max(1, devmod.count(devmod.resolve_kind(ns.device)))
+    return place["nodes"] * max(1, devmod.Device.of(devmod.Device.resolve_kind(ns.device)).count())
 
 
 def _place(ns, env):
@@ -94,7 +94,8 @@ def _place(ns, env):
         if node_rank >= nodes:
             raise UsageError("--rank {} (node rank) must be below --world-size {} (nodes)".format(node_rank, nodes))
         if local_rank is not None:  # one rank of a shell loop: count the node's processes, spawn nothing
-            per_node = len(ns.device_list) if ns.device_list else devmod.count(devmod.resolve_kind(ns.device))
+            per_node = (len(ns.device_list) if ns.device_list
+                        else devmod.Device.of(devmod.Device.resolve_kind(ns.device)).count())
             world = env_world if env_world else nodes * per_node
             if not 0 <= local_rank < per_node:
                 raise UsageError("LOCAL_RANK {} with --multiprocessing-distributed: this node has {} process slot(s) "
@@ -210,23 +211,24 @@ def settle_backend(section, kind):
     """(the process group's backend: --dist-backend as given, or, where it names another device's collective
     library (the guides' hccl on a GPU or CPU, nccl off CUDA), this device's own; notes: one saying so).
     ``section``: the config's launch section."""
-    owner = devmod.backend_owner(section.dist_backend)
+    owner = devmod.Device.backend_owner(section.dist_backend)
     if owner is None or owner == kind:
         return section.dist_backend, ()
-    own = devmod.default_backend(kind)
+    own = devmod.Device.of(kind).dist_backend
     return own, ("--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
         section.dist_backend, owner.upper(), kind.upper(), own),)
 
 
 def check_launch(section, kind):
     """Before any process starts: the rendezvous and the device count suit ``kind``. Returns notes."""
-    schemes = devmod.rendezvous_schemes(kind)
+    kind_cls = devmod.Device.of(kind)
+    schemes = kind_cls.rendezvous_schemes
     if section.world_size != 1 and not section.dist_url.startswith(schemes):
         raise UsageError("--dist-url {}: {} processes start their group from environment variables only "
                          "(init_method env://, as the Ascend guide says); drop --dist-url and give the master as "
                          "--addr HOST --port PORT".format(section.dist_url, kind.upper()))
-    allowed = devmod.supported_devices_per_node(kind)
-    per_node = section.procs_per_node or (len(section.device_list) if section.device_list else devmod.count(kind))
+    allowed = kind_cls.supported_devices_per_node
+    per_node = section.procs_per_node or (len(section.device_list) if section.device_list else kind_cls.count())
     if allowed and section.world_size != 1 and per_node not in allowed:
         return ("{} device(s) per node: the Ascend guide supports only {} {}s per node for collective "
                 "communication; expect the collectives to fail".format(per_node, "/".join(map(str, allowed)),
@@ -249,17 +251,18 @@ def device_index(section):
 
 def check_devices(section, kind):
     """Before any process starts: the device settings suit the kind, the device list exists on this machine."""
-    problem = devmod.class_for(kind).settings_problem(section)
+    kind_cls = devmod.Device.of(kind)
+    problem = kind_cls.settings_problem(section)
     if problem:
         raise UsageError(problem)
     ids = section.device_list
-    if not ids or not devmod.has_device_ids(kind):
+    if not ids or not kind_cls.numbered:
         return
-    problem = devmod.visible_devices_problem(kind)
+    problem = kind_cls.visible_devices_problem()
     if problem:
         raise UsageError(problem)
-    visible = devmod.count(kind)
-    env = devmod.visible_devices_env(kind)
+    visible = kind_cls.count()
+    env = kind_cls.visible_devices_env
     bad = [i for i in ids if i >= visible]
     if bad:
         raise UsageError("--device-list asks for {} device {} but {} visible (ids 0-{}){}".format(

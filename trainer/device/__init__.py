@@ -6,12 +6,13 @@ pin_memory (off on NPU), synchronisation, the autocast dtype and gradient scaler
 has, the process-group backend, seeding and RNG state. APIs newer than torch 1.11 (the Ascend stack) are guarded
 here with a fallback, so the rest of the trainer runs on torch 1.11 as on torch 2.x.
 
-This module is the facade: ``from trainer.device import Device, ...`` and ``trainer.device.count(kind)`` as ever.
-Inside: ``base.py`` (``Device``: what the kinds share, and what each defines), one class per kind (``npu.py``,
-``cuda.py``, ``cpu.py``), ``kinds.py`` (functions of a kind name, read from its class), ``runtime.py`` (torch_npu
-and apex, imported on first use), ``shims.py`` (guards for newer torch and torchvision, versions), ``host.py``
-(CPU cores, the CPU's bfloat16, glibc's malloc). A new kind: a class in a module of its own, named in
-``kinds.CLASSES`` and in trainer/device_names.py's ``KINDS``.
+This module is the facade: ``from trainer.device import Device, ...``. What a kind can do is asked of its class,
+``Device.of(kind)`` (``Device.of(kind).count()``, ``Device.of(kind).prefers_channels_last``); ``Device.resolve_kind``
+says which kind ``--device`` means. Inside: ``base.py`` (``Device``: what the kinds share, what each defines, and the
+registry of the kinds' classes), one class per kind (``npu.py``, ``cuda.py``, ``cpu.py``), ``runtime.py`` (torch_npu
+and apex, imported on first use), ``shims.py`` (guards for newer torch and torchvision, versions), ``host.py`` (CPU
+cores, the CPU's bfloat16, glibc's malloc). A new kind: a class in a module of its own, imported here (which
+registers it) and named in trainer/device_names.py's ``KINDS``.
 """
 from trainer.device_names import (  # noqa: F401 (the device layer's names, re-exported)
     DATA_BACKENDS, DEVICE_DECODE, HOST_DECODE, KIND_ALIASES, KINDS, canonical_kind)
@@ -24,13 +25,10 @@ from trainer.device.base import Device, Handoff  # noqa: F401
 from trainer.device.cuda import CudaDevice, StreamHandoff, cuda_native_bf16  # noqa: F401
 from trainer.device.npu import NpuDevice  # noqa: F401
 from trainer.device.cpu import CpuDevice  # noqa: F401
-from trainer.device.kinds import (  # noqa: F401
-    backend_owner, binds_host_cores, class_for, compile_missing, count, default_amp_impl, default_apex_loss_scale,
-    default_backend,
-    default_workers,
-    guides_train_with_amp, has_device_ids, keep_host_memory, load_location, prefers_channels_last, rendezvous_schemes,
-    resolve_kind, runtime_binds_cores, supported_devices_per_node, supports_apex, supports_sync_bn, visible_devices_env,
-    visible_devices_problem)
+
+assert tuple(sorted(Device._kinds)) == tuple(sorted(KINDS)), "trainer/device_names.py's KINDS and the classes differ"
+
+HOST = CpuDevice.kind  # the host's kind: where checkpoints are loaded first (then moved to the device)
 
 
 def _reset_for_tests():

@@ -1,12 +1,17 @@
 """``Device``: what every device kind shares, and the attributes and methods each kind defines for itself
-(trainer/device/npu.py, cuda.py, cpu.py). ``Device(kind, index)`` and ``Device.create`` return the kind's class.
+(trainer/device/npu.py, cuda.py, cpu.py). ``Device(kind, index)`` and ``Device.create`` return the kind's class;
+``Device.of(kind)`` is the class of a kind name (``--device``), whose attributes answer before a device exists.
+The kinds' modules register their classes as they are imported (trainer/device/__init__.py imports them); this
+module imports none of them.
 """
 import contextlib
 import inspect
+import os
 
 import torch
 
-from trainer.device import shims
+from trainer.device import host, shims
+from trainer.device_names import canonical_kind
 from trainer.errors import UsageError
 
 _current = {"set": None}  # (kind, index) once a device was made current in this process
@@ -35,7 +40,7 @@ class Device:
     kind = None  # each kind
     _kinds = {}  # kind -> class, filled as the kinds' modules are imported
 
-    # -- each kind: facts known before a device exists (also read through the module functions of kinds.py)
+    # -- each kind: facts known before a device exists (read through ``Device.of(kind)`` by a kind's name)
     auto_rank = None  # order in which --device auto tries the kinds (the first with a device wins)
     numbered = True  # devices of the kind are numbered (a CPU is one device; --device-list only counts slots)
     tensors_on_host = False  # its tensors live in host memory (host.keep_host_memory tunes malloc for them)
@@ -92,6 +97,57 @@ class Device:
     def name(self):
         return str(self.torch_device)
 
+    # -- the kinds, by name
+    @staticmethod
+    def of(kind):
+        """The ``Device`` class of ``kind`` (npu, cuda, cpu, or an alias such as gpu). A kind not yet resolved
+        (``auto``, as a ModelZoo driver plans before any process looks for devices) gets ``Device`` itself, whose
+        attributes are the general answers: numbered devices, no kind's own limits."""
+        return Device._kinds.get(canonical_kind(kind), Device)
+
+    @staticmethod
+    def resolve_kind(requested):
+        """``auto`` -> the first kind, in ``auto_rank`` order (npu, cuda, cpu), that sees a device; others are
+        checked (``--device KIND`` with no device of the kind: its ``missing`` line)."""
+        requested = canonical_kind(requested)
+        if requested == "auto":
+            ranked = sorted(Device._kinds.values(), key=lambda c: c.auto_rank)
+            for cls in ranked:
+                if cls.count() > 0:
+                    return cls.kind
+                broken = cls.broken_stack()  # a kind that ranks first but is broken: an error, not a run elsewhere
+                if broken:
+                    found = next(c for c in ranked if c.count() > 0)
+                    # The line advises the host (the kind that is not numbered: always there); where another
+                    # kind has devices, it advises that one.
+                    raise UsageError(broken.replace("--device cpu to train on the CPU",
+                                                    "--device {0} to train on {0}".format(found.kind))
+                                     if found.numbered else broken)
+        cls = Device.of(requested)
+        if cls.count() == 0:
+            raise UsageError(cls.missing())
+        return requested
+
+    @staticmethod
+    def backend_owner(backend):
+        """The device kind whose own collective library ``backend`` is (hccl: npu, nccl: cuda), else None."""
+        if not backend:
+            return None
+        return next((k for k, cls in Device._kinds.items() if cls.collective_library == backend), None)
+
+    @classmethod
+    def visible_hint(cls):
+        """`` (VAR=value)`` where the kind's visible-devices variable is set, for messages; else ''."""
+        env = cls.visible_devices_env
+        if env and os.environ.get(env):
+            return " ({}={})".format(env, os.environ[env])
+        return ""
+
+    @classmethod
+    def keep_host_memory(cls, environ=None):
+        """``host.keep_host_memory`` for a run on the kind (tuned only where its tensors live in host memory)."""
+        return host.keep_host_memory(cls.kind, environ, cls.tensors_on_host)
+
     # -- each kind: before a device exists
     @classmethod
     def count(cls):
@@ -126,8 +182,7 @@ class Device:
         cores. On an accelerator (the general case) the workers feed the device: the share less one core for the
         process itself, 2 to 16 (on an H100 with 16 cores, 16 workers kept ResNet50 at 0.88-0.99 of its
         synthetic rate)."""
-        from trainer.device.host import usable_cpus
-        share = (cpus or usable_cpus()) // max(1, procs_per_node)
+        share = (cpus or host.usable_cpus()) // max(1, procs_per_node)
         return max(2, min(16, share - 1))
 
     @classmethod
@@ -155,14 +210,13 @@ class Device:
     @classmethod
     def create(cls, requested="auto", index=None):
         """Resolve the kind, check the index and make the device current (once per process)."""
-        from trainer.device.kinds import class_for, resolve_kind, visible_hint
-        kind_cls = class_for(resolve_kind(requested))
+        kind_cls = Device.of(Device.resolve_kind(requested))
         index = 0 if index is None else int(index)
         if kind_cls.numbered:
             n = kind_cls.count()
             if index >= n:
                 raise UsageError("{} device {} does not exist: {} visible (indices 0-{}){}".format(
-                    kind_cls.kind, index, n, n - 1, visible_hint(kind_cls.kind)))
+                    kind_cls.kind, index, n, n - 1, kind_cls.visible_hint()))
         dev = kind_cls(kind_cls.kind, index)
         if not dev.numbered:  # the host is always there beside the one accelerator of a process
             return dev
