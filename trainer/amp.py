@@ -2,7 +2,8 @@
 
 ``settle`` decides what the flags leave open for the device kind (trainer/plan.py calls it), ``resolve`` the
 precision of a run (dtype, loss scaling) on the device; ``wrap`` steps the optimizer (built by trainer/optim) under
-it: an ``OptimizerStep`` whose ``step(loss)`` skips an update entirely when the gradients hold inf/NaN. Reasons and details: docs/PRECISION.md.
+it: an ``OptimizerStep`` whose ``step(loss)`` skips an update entirely when the gradients hold inf/NaN.
+Reasons and details: docs/PRECISION.md.
 """
 import contextlib
 import inspect

@@ -9,7 +9,7 @@ same points as the meters.
 """
 import torch
 
-from trainer import metrics, observe
+from trainer import metrics
 from trainer.guard import Guard
 from trainer.schedule import set_lr
 

@@ -17,7 +17,6 @@ import torch
 import models
 from trainer import affinity, amp, amp_probe, checkpoint, data, folders, graph, metrics, observe, optim, zoo
 from trainer.clusters import world_change
-from trainer.device import Device
 from trainer.engine import Loops
 from trainer.errors import UsageError
 from trainer.guard import Diverged, all_finite
@@ -330,4 +329,4 @@ def _unwrap(model):
     return getattr(model, "module", model)
 
 
-__all__ = ["Trainer", "build_model", "amp_label", "model_num_classes", "Device"]
+__all__ = ["Trainer", "build_model", "amp_label", "model_num_classes"]
