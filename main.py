@@ -17,7 +17,7 @@ def _main(argv):
         print("\n".join(models.list_models()))
         return 0
     from trainer.run import run
-    return run(parsed.cfg, parsed.notes, parsed.given)
+    return run(parsed.cfg, parsed.notes)
 
 
 def main(argv=None):

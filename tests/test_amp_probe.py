@@ -35,7 +35,7 @@ def forced(float32_s, bfloat16_s, calls):
 
 def train_in_process(argv, capsys, timer):
     parsed = parse_config([str(a) for a in argv] + ["--no-tensorboard", "--progress", "lines"], env={})
-    rc = runmod.run(parsed.cfg, parsed.notes, parsed.given, amp_timer=timer)
+    rc = runmod.run(parsed.cfg, parsed.notes, amp_timer=timer)
     out = capsys.readouterr()
     return rc, out.out, out.err
 

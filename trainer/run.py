@@ -31,15 +31,15 @@ from trainer.errors import UsageError, one_line
 from trainer.guard import Diverged, all_finite
 from trainer.schedule import Schedule
 
-def preflight(cfg, given=frozenset(), reader=None):
+def preflight(cfg, reader=None):
     """Cheap checks in the launching process. Returns (``cfg`` settled for its device: the kind resolved,
-    --amp-impl auto decided; the notes on what was settled). ``given``: the flags the command line gave. The
-    files it reads stay with ``reader`` for this process's run."""
+    --amp-impl auto decided; the notes on what was settled). The files it reads stay with ``reader`` for this
+    process's run."""
     reader = reader or checkpoint.Reader()
     cli.check_arch(cfg.model.arch)
     kind = resolve_kind(cfg.launch.device)
     launch.check_devices(cfg.launch, kind)
-    cfg, notes = ampmod.settle(cfg.replace(device=kind), kind, given)
+    cfg, notes = ampmod.settle(cfg.replace(device=kind), kind)
     if cfg.model.channels_last is None:
         cfg = cfg.replace(channels_last=devmod.prefers_channels_last(kind))
     cfg, more = launch.settle_backend(cfg, kind)
@@ -70,12 +70,12 @@ def preflight(cfg, given=frozenset(), reader=None):
     return cfg, notes
 
 
-def run(cfg, notes=(), given=frozenset(), amp_timer=None):
-    """Entry point after parsing (``notes`` and ``given`` as ``parse_config`` returned them): returns the
+def run(cfg, notes=(), amp_timer=None):
+    """Entry point after parsing (``notes`` as ``parse_config`` returned them): returns the
     process exit code. ``amp_timer``: the timing function of the --amp dtype probe (trainer/amp_probe.py
     ``time_steps`` by default)."""
     reader = checkpoint.Reader()
-    cfg, more = preflight(cfg, given, reader)
+    cfg, more = preflight(cfg, reader)
     notes = tuple(notes) + more
     held_lock = None
     if folders.owns_folder(cfg):
