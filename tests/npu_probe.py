@@ -70,7 +70,7 @@ obs["optimizer_with_apex"] = create_optimizer("sgd", model.parameters(), 0.1, 0.
 def settled(*argv):
     """(config, notes) main.py would run with on the (fake) NPU: parsed, then settled for the device."""
     parsed = parse_config(["--dummy"] + list(argv), env={})
-    cfg, notes = ampmod.settle(parsed.cfg.replace(device="npu"), "npu", parsed.given)
+    cfg, notes = ampmod.settle(parsed.cfg.replace(device="npu"), "npu")
     return cfg, parsed.notes + notes
 
 

@@ -185,7 +185,7 @@ def test_compile_mode_needs_compile():
         == "reduce-overhead"
     from trainer import run
     parsed = parse_config(["--dummy", "--device", "cpu", "--compile", "--evaluate"], env={})
-    assert "--compile applies to training: the evaluation runs eagerly" in run.preflight(parsed.cfg, parsed.given)[1]
+    assert "--compile applies to training: the evaluation runs eagerly" in run.preflight(parsed.cfg)[1]
 
 
 def _npu_probe(mode, **env):

@@ -30,13 +30,14 @@ def parse(argv, env=None):
 def preflight(argv):
     """run.preflight of a command line: (cfg settled, every note: parsing's and preflight's)."""
     p = parsed(argv)
-    cfg, notes = run.preflight(p.cfg, p.given)
+    cfg, notes = run.preflight(p.cfg)
     return cfg, p.notes + notes
 
 
 @pytest.mark.parametrize("spelling", [["--loss-scale", "-1"], ["--loss_scale", "-1"], ["--loss-scale=-1.0"]])
 def test_loss_scale_minus_one_means_dynamic_as_in_the_guides_parser(spelling):
-    assert parse(["--dummy", "--amp"] + spelling).precision.loss_scale is None
+    assert parse(["--dummy", "--amp"] + spelling).precision.loss_scale == "dynamic"
+    assert parse(["--dummy", "--amp"]).precision.loss_scale is None  # not given
     assert parse(["--dummy", "--amp", "--loss-scale", "128"]).precision.loss_scale == 128.0
 
 
@@ -55,7 +56,7 @@ def test_help_says_what_switches_do_without_default_true():
     {"RANK_SIZE": "2", "RANK_ID": "1"},
 ], ids=["torchrun", "rank_size"])
 def test_multiprocessing_distributed_under_a_launcher_is_ignored_with_a_note(env):
-    cfg, notes, _ = parsed(["--dummy", "--multiprocessing-distributed", "-b", "8"], env)
+    cfg, notes = parsed(["--dummy", "--multiprocessing-distributed", "-b", "8"], env)
     assert cfg.launch.mode == "process" and cfg.launch.world_size == 2 and cfg.launch.rank == 1
     # in ModelZoo's RANK_SIZE loops the flag still says that --world-size / --rank count nodes: no note there
     assert any("--multiprocessing-distributed is ignored" in n for n in notes) == ("RANK" in env), notes
@@ -110,7 +111,7 @@ def _npu_preflight_notes(*argvs):
     script = ("import json, sys; from trainer import config, run\n"
               "for argv in json.loads(sys.argv[1]):\n"
               "    p = config.parse_config(argv, env={})\n"
-              "    print(json.dumps(list(p.notes + run.preflight(p.cfg, p.given)[1])))\n")
+              "    print(json.dumps(list(p.notes + run.preflight(p.cfg)[1])))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE_NPU, ROOT]), FAKE_NPU_DEVICE_COUNT="8")
     proc = subprocess.run([PY, "-c", script, json.dumps([list(a) for a in argvs])], env=env, capture_output=True,
                           text=True, timeout=120, cwd=ROOT)

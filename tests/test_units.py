@@ -114,7 +114,7 @@ def _settled(*argv):
     """amp.settle on the CPU: (cfg, notes)."""
     from trainer import amp as ampmod
     parsed = _parsed(*argv)
-    return ampmod.settle(parsed.cfg, "cpu", parsed.given)
+    return ampmod.settle(parsed.cfg, "cpu")
 
 
 def test_a_tcp_url_is_env_at_its_host_and_port_and_counts_other_than_1_2_4_8_are_flagged():
@@ -147,9 +147,9 @@ def test_device_list_is_sorted_like_the_guide_and_gpu_is_cuda():
 
 def test_shufflenet_names_build_the_variant_unless_torchvision_is_asked():
     import models
-    cfg, notes, _ = _parsed("-a", "shufflenet_v2_x0_5")
+    cfg, notes = _parsed("-a", "shufflenet_v2_x0_5")
     assert cfg.model.arch == "shufflenet_v2_x0_5" and cfg.model.name == "shufflenet_v2_x0_5_npu" and len(notes) == 1
-    cfg, notes, _ = _parsed("-a", "shufflenet_v2_x0_5", "--model-impl", "torchvision")
+    cfg, notes = _parsed("-a", "shufflenet_v2_x0_5", "--model-impl", "torchvision")
     assert cfg.model.name == "shufflenet_v2_x0_5" and notes == ()
     assert _cfg("-a", "resnet50").model.name == "resnet50"
     with pytest.raises(UsageError, match="use -a shufflenet_v2_x1_0 for torchvision's"):
@@ -208,10 +208,85 @@ def test_recipe_that_does_not_scale_says_so(monkeypatch):
 
 def test_main_recipe_uses_the_rule():
     from trainer.config import parse_config
-    cfg, notes, _ = parse_config(["--dummy", "--recipe", "resnet50_8p", "--device", "cpu",
-                                  "--multiprocessing-distributed", "--device-list", "0,1"], env={})
+    cfg, notes = parse_config(["--dummy", "--recipe", "resnet50_8p", "--device", "cpu",
+                               "--multiprocessing-distributed", "--device-list", "0,1"], env={})
     assert (cfg.run.batch_size, cfg.optim.lr, cfg.data.workers) == (1024, pytest.approx(0.4), 64)
     assert any("per-device batch is kept" in n for n in notes)
+
+
+# ---------------------------------------------------------------- parsing: once, then the defaults in layers
+
+
+def test_the_command_line_is_parsed_once_with_a_recipe_and_with_a_modelzoo_entry(monkeypatch):
+    from trainer.config import parse_config
+    calls = []
+    for name in ("parse_args", "parse_known_args"):
+        real = getattr(argparse.ArgumentParser, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(argparse.ArgumentParser, name, counted)
+    cfg = parse_config(["--dummy", "--recipe", "resnet50_8p", "--device", "cpu", "-b", "64"], env={}).cfg
+    assert sorted(calls) == ["parse_args", "parse_known_args"]
+    assert (cfg.run.recipe, cfg.run.batch_size, cfg.optim.lr, cfg.optim.label_smoothing) == \
+        ("resnet50_8p", 64, pytest.approx(1.6 * 64 / 4096), 0.1)  # the recipe's, scaled to the batch typed
+    del calls[:]
+    cfg = parse_config(["--dummy", "--device", "cpu", "--label-smoothing", "0.2"], env={"RANK_SIZE": "1"}).cfg
+    assert sorted(calls) == ["parse_args", "parse_known_args"]
+    assert (cfg.run.modelzoo, cfg.optim.lr_schedule, cfg.optim.label_smoothing, cfg.precision.loss_scale) == \
+        ("resnet50", "cosine", 0.2, 1024.0)  # the entry's defaults, the flag typed wins
+
+
+def test_one_parse_sees_every_flag_typed_and_leaves_the_parser_as_built():
+    from trainer import flags
+    parser = build_parser()
+    typed = flags.parse_typed(parser, ["--dummy", "--no-validate", "--no-channels-last", "-b", "256",
+                                       "--device", "auto", "--loss-scale", "-1"])
+    # switches whose default is True, values equal to their defaults, "dynamic": all seen as given
+    assert typed == {"dummy": True, "validate": False, "channels_last": False, "batch_size": 256, "device": "auto",
+                     "loss_scale": "dynamic"}
+    assert flags.parse_typed(parser, []) == {}
+    assert parser.parse_args([]).batch_size == 256 and flags.own_defaults(parser)["validate"] is True
+
+
+def test_string_defaults_go_through_the_flags_type_as_argparse_does_with_them():
+    from trainer import flags
+    parser = build_parser()
+    parser.set_defaults(epochs="3", arch="resnet18", loss_scale="-1")
+    expected = parser.parse_args([])  # argparse's own conversion of string defaults
+    got = flags.convert_defaults(parser, {"epochs": "3", "arch": "resnet18", "loss_scale": "-1"}, {})
+    assert got == {"epochs": expected.epochs, "arch": expected.arch, "loss_scale": expected.loss_scale} == \
+        {"epochs": 3, "arch": "resnet18", "loss_scale": "dynamic"}
+    assert flags.convert_defaults(parser, {"epochs": "3"}, {"epochs": 5}) == {"epochs": "3"}  # typed: kept
+    with pytest.raises(UsageError, match=r"^argument --epochs: must be a whole number at least 1, got '0'$"):
+        flags.convert_defaults(parser, {"epochs": "0"}, {})
+
+
+def test_opt_level_and_loss_scale_are_none_unless_given():
+    from trainer import amp as ampmod
+    from trainer.config import PrecisionConfig
+    p = _cfg().precision
+    assert (p.opt_level, p.loss_scale, p.preset) == (None, None, ())
+    p = _cfg("--opt-level", "O1", "--loss-scale", "128").precision
+    assert (p.opt_level, p.loss_scale, p.preset) == ("O1", 128.0, ())
+    assert _cfg("--loss_scale", "dynamic").precision.loss_scale == "dynamic"
+    # a recipe's values fill them in, marked as the recipe's; a value typed wins and is the command line's
+    p = _cfg("--recipe", "resnet50_1p").precision
+    assert (p.opt_level, p.loss_scale, p.preset) == ("O2", 1024.0, ("opt_level", "loss_scale"))
+    p = _cfg("--recipe", "resnet50_1p", "--loss-scale", "1024").precision
+    assert (p.opt_level, p.loss_scale, p.preset) == ("O2", 1024.0, ("opt_level",))
+    # settle notes the flags typed only, whoever else gave a value
+    assert _settled("--recipe", "resnet50_1p")[1] == ()
+    assert _settled("--recipe", "resnet50_1p", "--loss-scale", "1024")[1] == (
+        "--loss-scale has no effect without --amp",)
+    assert _settled("--amp", "--recipe", "resnet50_1p")[1] == ()
+    # apex runs at O2 where --opt-level is not given; "dynamic" and no scale are both a dynamic scale
+    apex = PrecisionConfig(amp=True, amp_impl="apex")
+    assert (ampmod.resolve(apex, None).opt_level, ampmod.resolve(apex, None).loss_scale) == ("O2", None)
+    held = ampmod.resolve(apex.replace(opt_level="O1", loss_scale=64.0), None)
+    assert (held.opt_level, held.loss_scale) == ("O1", 64.0)
+    assert ampmod.resolve(apex.replace(loss_scale="dynamic"), None).loss_scale is None
 
 
 # ---------------------------------------------------------------- metrics

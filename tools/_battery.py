@@ -29,7 +29,7 @@ def train_in_process(out, args, batched=True, decode_ahead=None):
     from trainer import run, summary
     from trainer.config import parse_config
     parsed = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
-    cfg, notes = run.preflight(parsed.cfg, parsed.given)
+    cfg, notes = run.preflight(parsed.cfg)
     cfg = cfg.replace(data=cfg.data.replace(decode_ahead=decode_ahead, batched_crops=True if batched else None))
     with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         code = run.worker(cfg, notes=parsed.notes + notes)

@@ -12,7 +12,9 @@ import torch
 
 from trainer import device as devmod
 from trainer import optim
+from trainer.cli import DYNAMIC
 from trainer.errors import UsageError
+from trainer.flags import APEX_OPT_LEVEL
 
 AMP_DTYPES = ("auto", "float16", "bfloat16")
 
@@ -47,46 +49,56 @@ class Precision:
                 "dtype": self.dtype_name, "note": self.note, "probe": self.probe}
 
 
-def settle(cfg, kind, given=frozenset()):
-    """(``cfg`` with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``, notes): a note for
-    every precision flag that has no effect in the chosen mode. ``given``: the flags the command line gave (a
-    loss scale given is kept). Checks before any process starts."""
+def settle(cfg, kind):
+    """(the precision section with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``,
+    notes): a note for every precision flag that has no effect in the chosen mode. A loss scale the command
+    line gave is kept: the precision section's None is a flag not given (``preset``: a value a recipe or
+    ModelZoo entry gave). Checks before any process starts (trainer/plan.py)."""
     notes = []
-    if not cfg.precision.amp:
-        unused = [f for f, d in (("--opt-level", "opt_level"), ("--loss-scale", "loss_scale")) if d in given]
+    p = cfg.precision
+    typed = [d for d in ("opt_level", "loss_scale") if getattr(p, d) is not None and d not in p.preset]
+    if not p.amp:
+        unused = [f for f, d in (("--opt-level", "opt_level"), ("--loss-scale", "loss_scale")) if d in typed]
         if unused:
             notes.append("{} {} no effect without --amp".format(" and ".join(unused),
                                                                "have" if len(unused) > 1 else "has"))
         if cfg.launch.world_size == 1 and devmod.Device.of(kind).guides_train_with_amp and not cfg.run.evaluate:
             notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
                          "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
-        return cfg.precision.replace(amp_impl="native"), tuple(notes)
-    impl = cfg.precision.amp_impl
+        return p.replace(amp_impl="native"), tuple(notes)
+    impl = p.amp_impl
     if impl == "auto":
-        impl = "native" if cfg.precision.amp_dtype == "bfloat16" else devmod.Device.of(kind).default_amp_impl()
-    loss_scale = cfg.precision.loss_scale
+        impl = "native" if p.amp_dtype == "bfloat16" else devmod.Device.of(kind).default_amp_impl()
+    loss_scale = p.loss_scale
     if impl == "apex":
-        _check_apex(cfg.precision, kind)
-        if "loss_scale" not in given:
+        _check_apex(p, kind)
+        if "loss_scale" not in typed:
             loss_scale = devmod.Device.of(kind).default_apex_loss_scale
-        if cfg.precision.amp_impl == "auto":
+        if p.amp_impl == "auto":
+            held = _held(loss_scale)
             notes.append("--amp: apex.amp {}, loss scale {}{} (the Ascend guide's settings); --amp-impl native for "
-                         "torch's autocast".format(cfg.precision.opt_level, "dynamic" if loss_scale is None else
-                                                   "{:g} held fixed".format(loss_scale),
+                         "torch's autocast".format(p.opt_level or APEX_OPT_LEVEL, "dynamic" if held is None else
+                                                   "{:g} held fixed".format(held),
                                                    ", combine_grad" if devmod.apex_supports("combine_grad") else ""))
-        if cfg.precision.combine_ddp and not devmod.apex_supports("combine_ddp"):
+        if p.combine_ddp and not devmod.apex_supports("combine_ddp"):
             raise UsageError("--combine-ddp: this apex has no combine_ddp (Ascend apex provides it); drop the flag")
-        if cfg.precision.combine_ddp and cfg.launch.world_size == 1:
+        if p.combine_ddp and cfg.launch.world_size == 1:
             notes.append("--combine-ddp has no effect in a single-process run")
     else:
-        if cfg.precision.combine_ddp:
+        if p.combine_ddp:
             raise UsageError("--combine-ddp is an option of Ascend apex.amp, and this run uses native autocast{}; "
                              "drop the flag".format("" if devmod.apex_amp() is not None
                                                     else " (apex is not installed)"))
-        if "opt_level" in given:
+        if "opt_level" in typed:
             notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
-                cfg.precision.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
-    return cfg.precision.replace(amp_impl=impl, loss_scale=loss_scale), tuple(notes)
+                p.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
+    return p.replace(amp_impl=impl, loss_scale=loss_scale), tuple(notes)
+
+
+def _held(loss_scale):
+    """The precision section's ``loss_scale`` as ``Precision`` holds it: a number held fixed, or None (dynamic:
+    asked for, or no scale given)."""
+    return None if loss_scale is None or loss_scale == DYNAMIC else float(loss_scale)
 
 
 def _check_apex(section, kind):
@@ -108,20 +120,21 @@ def resolve(section, device, world_size=1, decide=None):
     p = section
     if not p.amp:
         return Precision(p.amp_dtype, "none", None, None)
+    scale = _held(p.loss_scale)
     if p.amp_impl == "apex":
-        return Precision(p.amp_dtype, "apex", torch.float16, p.loss_scale, p.opt_level,
+        return Precision(p.amp_dtype, "apex", torch.float16, scale, p.opt_level or APEX_OPT_LEVEL,
                          combine_ddp=p.combine_ddp and world_size != 1)
     dtype, note = device.resolve_amp_dtype(p.amp_dtype)
     probe = None
     if decide is not None and p.amp_dtype == "auto" and device.measures_amp_dtype:
         dtype, note, probe = decide(dtype, note)
-    if dtype != torch.float16 and p.loss_scale is not None:
+    if dtype != torch.float16 and scale is not None:
         extra = "{} needs no loss scaling: --loss-scale {:g} is not used".format(
-            "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", p.loss_scale)
+            "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", scale)
         note = extra if note is None else note + "; " + extra
     if dtype is None:
         return Precision(p.amp_dtype, "none", None, None, note=note, probe=probe)
-    return Precision(p.amp_dtype, "native", dtype, p.loss_scale if dtype == torch.float16 else None, note=note,
+    return Precision(p.amp_dtype, "native", dtype, scale if dtype == torch.float16 else None, note=note,
                      probe=probe)
 
 

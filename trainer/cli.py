@@ -43,17 +43,21 @@ def number(cast, minimum, exclusive=False):
     return parse
 
 
+DYNAMIC = "dynamic"  # --loss-scale dynamic (or -1): a dynamic loss scale asked for
+
+
 def parse_loss_scale(text):
-    """``dynamic`` (or -1, the Ascend guides' parser's "-1 means dynamic") -> None; a positive number -> float."""
-    if str(text).lower() == "dynamic":
-        return None
+    """``dynamic`` (or -1, the Ascend guides' parser's "-1 means dynamic") -> ``DYNAMIC``; a positive number ->
+    float."""
+    if str(text).lower() == DYNAMIC:
+        return DYNAMIC
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
     if value == -1:
-        return None
+        return DYNAMIC
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(
             "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))

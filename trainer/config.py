@@ -3,15 +3,19 @@
 Everything the run needs flows down as one immutable ``Config``; nothing mutates the
 argparse namespace after ``parse_config`` returns. pytorch/examples' flags keep their
 names and meanings; the additions are documented in ``--help`` and README.md.
-A recipe (``--recipe NAME``) supplies defaults; flags given on the command line win.
+The command line is parsed once, every default None (``flags.parse_typed``: a value left None was not given);
+the rest is filled in by layers: argparse's defaults, then a recipe's (``--recipe NAME``), then a ModelZoo entry's
+(trainer/zoo.py), then the flags given, which win.
 """
+import argparse
 import dataclasses
 import os
-from typing import FrozenSet, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
 from trainer.device_names import canonical_kind
 from trainer.errors import UsageError
-from trainer.flags import (DEVICES, OPT_LEVELS, PUBLISHED, _explicit_dests, _normalise_device_list,  # noqa: F401
+from trainer import flags
+from trainer.flags import (DEVICES, OPT_LEVELS, PUBLISHED, _normalise_device_list,  # noqa: F401
                            build_parser, parse_device_list, parse_profile_steps)  # (re-exported)
 from trainer.optim import DEFAULT_OPTIMIZER
 
@@ -73,10 +77,13 @@ class PrecisionConfig(_Section):
     amp: bool = False
     amp_impl: str = "auto"  # auto | native | apex (auto is settled once the device is known: trainer/amp.py settle)
     amp_dtype: str = "auto"
-    opt_level: str = "O2"
-    loss_scale: Optional[float] = None  # None = dynamic
+    opt_level: Optional[str] = None  # --opt-level; None: not given (apex runs at flags.APEX_OPT_LEVEL)
+    loss_scale: Optional[Union[float, str]] = None  # None: not given; "dynamic" (cli.DYNAMIC); a number: held fixed
     combine_ddp: bool = False
     float32_math: Optional[str] = None  # ModelZoo's ALLOW_HF32 ("reduced") / ALLOW_FP32 ("full"); None: the device's
+    # which of opt_level / loss_scale hold a --recipe's or ModelZoo entry's value, not one the command line gave
+    # (trainer/amp.py settle: apex's own loss scale wins over such a value, and it needs no note)
+    preset: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +157,7 @@ FLAT_ORDER = """
     node_rank procs_per_node dist_url dist_backend multiprocessing_distributed device_list addr port local_rank
     sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
     compile compile_mode lr_step_unit warmup_offset skip_steps checkpoint_prefix checkpoint_freq move_earlier_run
-    modelzoo float32_math cpu_binding jit_compile internal_format pin_memory
+    modelzoo float32_math cpu_binding jit_compile internal_format pin_memory preset
 """.split()
 
 
@@ -170,7 +177,7 @@ FLAT = _flat_names()  # flat name -> (section, field)
 @dataclasses.dataclass(frozen=True)
 class Config:
     """The run's configuration: one frozen section per subsystem (each factory takes its own). What parsing learnt
-    besides (the notes on how the command line was adapted, the flags it gave) travels apart, in ``Parsed``."""
+    besides (the notes on how the command line was adapted) travels apart, in ``Parsed``."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
@@ -207,12 +214,13 @@ def flat_dict(settings):
 
 
 class Parsed(NamedTuple):
-    """What ``parse_config`` returns: the config (None for --list-models), the notes on how the command line was
-    adapted (a recipe scaled, a guide's flag mapped; ``run`` logs them), and the flags the command line gave
-    (their argparse dests: a default is settled for the device only where the flag was not given)."""
+    """What ``parse_config`` returns: the config (None for --list-models) and the notes on how the command line was
+    adapted (a recipe scaled, a guide's flag mapped; ``run`` logs them)."""
     cfg: Optional[Config]
     notes: Tuple[str, ...] = ()
-    given: FrozenSet[str] = frozenset()
+
+
+PRESETTABLE = ("opt_level", "loss_scale")  # the precision flags whose recipe / ModelZoo values PrecisionConfig marks
 
 
 def parse_config(argv=None, env=None, prog=None):
@@ -222,25 +230,29 @@ def parse_config(argv=None, env=None, prog=None):
 
     env = os.environ if env is None else env
     parser = build_parser()
-    ns = parser.parse_args(argv)
-    if ns.list_models:
+    typed = flags.parse_typed(parser, argv)  # the one parse: the flags given
+    values = flags.convert_defaults(parser, flags.own_defaults(parser), typed)  # argparse's defaults
+    if typed.get("list_models"):
         return Parsed(None)
-    notes = ()
-    explicit = _explicit_dests(argv)
-    if ns.recipe is not None:
+    notes, layered = (), set()
+    ns = argparse.Namespace(**dict(values, **typed))
+    if ns.recipe is not None:  # the recipe's values, scaled to the processes
         from trainer import launch as placement
-        given = {k: getattr(ns, k) for k in recipes.SCALED if k in explicit}
-        values, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), given)
-        parser.set_defaults(**{k: v for k, v in values.items() if k not in explicit})
-        ns = parser.parse_args(argv)
+        scaled = {k: typed[k] for k in recipes.SCALED if k in typed}
+        more, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), scaled)
+        values.update(flags.convert_defaults(parser, more, typed))
+        layered.update(more)
+        ns = argparse.Namespace(**dict(values, **typed))
     entry = zoo.entry(ns.modelzoo, ns.recipe, env, prog)
-    if entry is not None:
-        values, note = zoo.defaults(entry, explicit)
-        parser.set_defaults(**values)
-        ns = parser.parse_args(argv)
+    if entry is not None:  # then the ModelZoo entry's
+        more, note = zoo.defaults(entry, frozenset(typed))
+        values.update(flags.convert_defaults(parser, more, typed))
+        layered.update(more)
         notes = tuple(notes) + ((note,) if note else ())
-    cfg, more = validate(ns, env, explicit, entry)
-    return Parsed(cfg, tuple(notes) + more, frozenset(explicit))
+        ns = argparse.Namespace(**dict(values, **typed))
+    preset = tuple(k for k in PRESETTABLE if k in layered and k not in typed)
+    cfg, more = validate(ns, env, frozenset(typed), entry, preset)
+    return Parsed(cfg, tuple(notes) + more)
 
 
 def _modelzoo_flags(ns, explicit, env):
@@ -297,9 +309,9 @@ def _float32_env(env, amp):
     return ("reduced" if hf32 else "full"), False, notes
 
 
-def validate(ns, env, explicit=frozenset(), entry=None):
+def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
     """(Config, notes) from parsed flags (``explicit``: the dests the command line gave; ``entry``: the ModelZoo
-    entry the run stands in for)."""
+    entry the run stands in for; ``preset``: the PRESETTABLE dests that hold a recipe's or the entry's value)."""
     import models
     notes = ()
     (warmup_epochs, lr_step_unit, warmup_offset, lr_schedule), fps_warmup, output_dir, ns.device_list = \
@@ -315,7 +327,7 @@ def validate(ns, env, explicit=frozenset(), entry=None):
     data = ns.data or ns.data_opt
     if not ns.dummy and not data:
         raise UsageError("no data set given: pass DIR (an ImageNet-style folder) or --dummy for synthetic data")
-    if ns.opt_level not in OPT_LEVELS:
+    if ns.opt_level is not None and ns.opt_level not in OPT_LEVELS:
         raise UsageError("--opt-level must be O1 or O2, got '{}'".format(ns.opt_level))
     if ns.val_crop_size > ns.val_resize_size:
         raise UsageError("--val-crop-size {} is larger than --val-resize-size {}: crop must fit in the resized image"
@@ -372,7 +384,8 @@ def validate(ns, env, explicit=frozenset(), entry=None):
                           lr_schedule=lr_schedule, warmup_epochs=warmup_epochs,
                           label_smoothing=ns.label_smoothing, lr_step_unit=lr_step_unit, warmup_offset=warmup_offset),
         precision=PrecisionConfig(amp=amp, float32_math=float32_math, amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype,
-                                  opt_level=ns.opt_level, loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp),
+                                  opt_level=ns.opt_level, loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp,
+                                  preset=tuple(preset)),
         launch=LaunchConfig(device=canonical_kind(ns.device), device_index=ns.gpu, mode=dist["launch"],
                             world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
                             node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"],

@@ -1,6 +1,7 @@
 """The command line's flags: main.py's argparse parser (pytorch/examples' flags, then this project's, in groups),
-their value parsers, and which flags a command line gave. ``trainer/config.py`` turns the parsed flags into a
-``Config``."""
+their value parsers, and the one parse of a command line, which learns the flags it gave (``parse_typed``).
+``trainer/config.py`` fills in the rest (argparse's defaults, a recipe's, a ModelZoo entry's) and turns the flags
+into a ``Config``."""
 import argparse
 import re
 
@@ -10,6 +11,7 @@ from trainer.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
 
 DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
 OPT_LEVELS = ("O1", "O2")
+APEX_OPT_LEVEL = "O2"  # apex's opt level where --opt-level is not given (the Ascend guide's)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes
 MODELZOO_ENTRIES = ("auto", "off", "resnet50", "shufflenetv2")  # --modelzoo
 PUBLISHED = "\0published"  # --pretrained given without FILE (argparse's const; no path can hold a NUL)
@@ -108,8 +110,8 @@ def build_parser():
                    help="auto: native autocast + GradScaler (on NPU torch_npu's, as Ascend's AMP guide recommends; "
                         "Ascend apex.amp only on torch_npu 1.11 where it is installed); native; apex (NVIDIA or "
                         "Ascend apex.amp)")
-    d.add_argument("--opt-level", "--opt_level", dest="opt_level", default="O2",
-                   help="apex opt level, O1 or O2 (apex only)")
+    d.add_argument("--opt-level", "--opt_level", dest="opt_level", default=None,
+                   help="apex opt level, O1 or O2 (apex only; default: {})".format(APEX_OPT_LEVEL))
     d.add_argument("--loss-scale", "--loss_scale", dest="loss_scale", type=parse_loss_scale,
                    default=None, metavar="N|dynamic|-1",
                    help="float16 loss scale: a number is held fixed (steps with inf/NaN gradients are still "
@@ -252,14 +254,42 @@ def build_parser():
     return p
 
 
-_UNSET = object()
+def parse_typed(parser, argv):
+    """The command line parsed, once: {dest: value} of the flags it gave. The parse starts from a namespace with
+    every dest None, so argparse fills in no default (store_true's False, store_false's True, "auto", the numbers)
+    and a dest left None was not given; the parser itself, and so --help, keeps its defaults. (DIR, the one
+    positional, which argparse sets to its default when absent, defaults to None.)"""
+    dests = {a.dest for a in parser._actions if a.dest is not argparse.SUPPRESS} | set(parser._defaults)
+    ns = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(dests)))
+    return {k: v for k, v in vars(ns).items() if v is not None}
 
 
-def _explicit_dests(argv):
-    """Destinations the user set on the command line (so recipes never override them)."""
-    probe = build_parser()
-    probe.set_defaults(**{a.dest: _UNSET for a in probe._actions if a.dest != "help"})
-    return {k for k, v in vars(probe.parse_args(argv)).items() if v is not _UNSET}
+def own_defaults(parser):
+    """{dest: the value argparse fills in where its flag is not given}: the first action's default (then
+    ``set_defaults``' values)."""
+    out = {}
+    for a in parser._actions:
+        if a.default is not argparse.SUPPRESS and a.dest is not argparse.SUPPRESS:
+            out.setdefault(a.dest, a.default)
+    for dest, value in parser._defaults.items():
+        out.setdefault(dest, value)
+    return out
+
+
+def convert_defaults(parser, values, typed):
+    """``values`` with each default that is a string (not ``typed``) passed through its action's ``type=``, as
+    argparse does with a string default; a value that does not convert is argparse's error."""
+    first = {}
+    for a in parser._actions:
+        first.setdefault(a.dest, a)
+    out = dict(values)
+    for dest, value in values.items():
+        if dest not in typed and isinstance(value, str) and dest in first:
+            try:
+                out[dest] = parser._get_value(first[dest], value)
+            except argparse.ArgumentError as exc:
+                parser.error(str(exc))
+    return out
 
 
 def _normalise_device_list(ids):

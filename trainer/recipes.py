@@ -39,10 +39,10 @@ def get(name):
     return dict(table[name])
 
 
-def scale(name, ranks, given=None):
+def scale(name, ranks, explicit=None):
     """(values, notes): the recipe's batch_size, lr, workers, warmup_epochs and epochs for ``ranks``
-    processes; ``given`` maps those keys to explicit values, which win."""
-    r, given = get(name), dict(given or {})
+    processes; ``explicit`` maps those keys to values given explicitly, which win."""
+    r, given = get(name), dict(explicit or {})
     r_ranks = int(r.get("rank_size", 1))
     notes = []
     batch = given.get("batch_size")
@@ -80,10 +80,10 @@ def scale(name, ranks, given=None):
     return values, notes
 
 
-def flag_defaults(name, ranks, given=None):
+def flag_defaults(name, ranks, explicit=None):
     """(main.py defaults from the recipe scaled to ``ranks``, notes); keys are argparse destinations."""
     values = {k: v for k, v in get(name).items() if k not in META}
-    scaled, notes = scale(name, ranks, given)
+    scaled, notes = scale(name, ranks, explicit)
     values.update(scaled)
     if "loss_scale" in values:
         values["loss_scale"] = parse_loss_scale(str(values["loss_scale"]))
