@@ -12,7 +12,9 @@ assert getattr(torch_npu, "FAKE", False), "the real torch_npu must never be prob
 
 from trainer import amp as ampmod  # noqa: E402
 from trainer import device as devmod  # noqa: E402
-from trainer.config import parse_config  # noqa: E402
+from trainer import optim  # noqa: E402
+from trainer.config import OptimConfig, parse_config  # noqa: E402
+from trainer.plan import plan  # noqa: E402
 from trainer.errors import UsageError  # noqa: E402
 from trainer.optim import create_optimizer  # noqa: E402
 
@@ -68,10 +70,10 @@ obs["optimizer_with_apex"] = create_optimizer("sgd", model.parameters(), 0.1, 0.
 
 
 def settled(*argv):
-    """(config, notes) main.py would run with on the (fake) NPU: parsed, then settled for the device."""
+    """(plan, notes) main.py would run with on the (fake) NPU: parsed, then planned (trainer/plan.py)."""
     parsed = parse_config(["--dummy"] + list(argv), env={})
-    cfg, notes = ampmod.settle(parsed.cfg.replace(device="npu"), "npu")
-    return cfg, parsed.notes + notes
+    planned = plan(parsed.cfg, env={})
+    return planned, parsed.notes + planned.notes
 
 
 def cfg_for(*argv):
@@ -86,7 +88,8 @@ def train_steps(cfg, poison_at, n=4, momentum=0.0):
     torch_npu.reset_calls()
     apex.reset_calls()
     prec = ampmod.resolve(cfg.precision, dev, cfg.launch.world_size)
-    m, step = ampmod.build_step(prec, dev, m, 0.1, momentum, 0.0)
+    m, step = ampmod.wrap(optim.build(OptimConfig(lr=0.1, momentum=momentum, weight_decay=0.0), m, dev, prec),
+                          prec, dev, m)
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,), dtype=torch.int32)
     trace = []
     for i in range(n):
@@ -186,24 +189,24 @@ obs["amp_without_apex"] = {"impl": cfg.precision.amp_impl, "loss_scale": cfg.pre
 devmod.apex_amp = devmod.runtime.apex_amp = real_apex_amp
 
 # 8. the guides' model name builds the NPU-affine variant, with int32 shuffle indices
-from trainer import run as runmod  # noqa: E402
+from trainer.trainer import build_model  # noqa: E402
 real_to = torch.nn.Module.to
 torch.nn.Module.to = lambda self, *a, **k: self  # fake NPUs hold no tensors: the rest of build_model is real
 cfg, notes = settled("-a", "shufflenet_v2_x1_0", "--device", "npu")
-model = runmod.build_model(cfg, 10, dev, 1)
+model = build_model(cfg.model, 10, dev, 1)
 obs["guide_shufflenet"] = {"model": cfg.model.name, "class": type(model).__module__ + "." + type(model).__name__,
                            "notes": list(notes),
                            "index_dtypes": sorted({str(b.dtype) for n, b in model.named_buffers()
                                                    if "index" in n or "perm" in n})}
 cfg = cfg_for("-a", "shufflenet_v2_x1_0", "--device", "npu", "--model-impl", "torchvision")
-obs["torchvision_shufflenet"] = type(runmod.build_model(cfg, 10, dev, 1)).__module__
+obs["torchvision_shufflenet"] = type(build_model(cfg.model, 10, dev, 1)).__module__
 torch.nn.Module.to = real_to
 
 # 9. targets are cast on the host and reach the device as int32 already
-from trainer.engine import Engine  # noqa: E402
+from trainer.engine import Loops  # noqa: E402
 moved = []
 dev.move = lambda t: (moved.append(str(t.dtype)), t)[1]
-engine = Engine.__new__(Engine)
+engine = Loops()
 engine.device = dev
 obs["target_reaches_device_as"] = [str(engine._targets(torch.tensor([1, 2, 3])).dtype)] + moved
 del dev.move

@@ -11,8 +11,9 @@ import torch
 import models
 from conftest import PY, RANKS, ROOT, SMALL, call, needs_cpu_float16, read_summary, run_main
 from trainer import amp as ampmod
-from trainer import graph
-from trainer.config import ModelConfig, PrecisionConfig, parse_config
+from trainer import graph, optim
+from trainer.config import ModelConfig, OptimConfig, PrecisionConfig, parse_config
+from trainer.plan import plan
 from trainer.device import Device, host
 from trainer.errors import UsageError
 
@@ -153,7 +154,8 @@ def test_a_compiled_float16_step_skips_an_overflow_and_then_equals_eager():
     models_[1].load_state_dict(models_[0].state_dict())
     runs = []
     for compiled, model in zip((False, True), models_):
-        model, step = ampmod.build_step(precision, CPU, model, 0.1, 0.9, 1e-4, fused=False)
+        choice = optim.build(OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-4), model, CPU, precision, fused=False)
+        model, step = ampmod.wrap(choice, precision, CPU, model)
         g = graph.wrap(model, model, CPU, ModelConfig(compile=compiled), print).train()
         runs.append((g, model, step))
     poison = {"on": True}
@@ -183,9 +185,8 @@ def test_compile_mode_needs_compile():
         parse_config(["--dummy", "--compile-mode", "max-autotune"], env={})
     assert parse_config(["--dummy", "--compile", "--compile-mode", "reduce-overhead"], env={}).cfg.model.compile_mode \
         == "reduce-overhead"
-    from trainer import run
     parsed = parse_config(["--dummy", "--device", "cpu", "--compile", "--evaluate"], env={})
-    assert "--compile applies to training: the evaluation runs eagerly" in run.preflight(parsed.cfg)[1]
+    assert "--compile applies to training: the evaluation runs eagerly" in plan(parsed.cfg).notes
 
 
 def _npu_probe(mode, **env):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
-from trainer import config, run
+from trainer import config
+from trainer.plan import plan
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,11 +28,11 @@ def parse(argv, env=None):
     return parsed(argv, env).cfg
 
 
-def preflight(argv):
-    """run.preflight of a command line: (cfg settled, every note: parsing's and preflight's)."""
+def planned(argv):
+    """The plan of a command line (trainer/plan.py) and every note: parsing's and the plan's."""
     p = parsed(argv)
-    cfg, notes = run.preflight(p.cfg)
-    return cfg, p.notes + notes
+    decided = plan(p.cfg)
+    return decided, p.notes + decided.notes
 
 
 @pytest.mark.parametrize("spelling", [["--loss-scale", "-1"], ["--loss_scale", "-1"], ["--loss-scale=-1.0"]])
@@ -64,12 +65,12 @@ def test_multiprocessing_distributed_under_a_launcher_is_ignored_with_a_note(env
 
 def test_another_devices_backend_is_replaced_by_this_devices_own_with_a_note():
     for asked in ("hccl", "nccl"):
-        cfg, notes = preflight(["--dummy", "--device", "cpu", "--dist-backend", asked, "--world-size", "2",
+        cfg, notes = planned(["--dummy", "--device", "cpu", "--dist-backend", asked, "--world-size", "2",
                                 "--rank", "0", "-b", "8"])
         assert cfg.launch.dist_backend == "gloo"
         assert any(n.startswith("--dist-backend {} is the".format(asked)) and n.endswith("using gloo")
                    for n in notes), notes
-    assert preflight(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])[0].launch.dist_backend == "gloo"
+    assert planned(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])[0].launch.dist_backend == "gloo"
 
 
 @RANKS
@@ -105,13 +106,13 @@ def test_a_checkpoint_holding_python_objects_is_refused_in_our_words(tmp_path):
     assert path.read_bytes() == before and not os.path.exists(str(tmp_path / "o" / "summary.json"))
 
 
-def _npu_preflight_notes(*argvs):
-    """run.preflight's notes for each command line on the fake NPU host, from one child (importing the fake
+def _npu_plan_notes(*argvs):
+    """The notes of parsing and planning for each command line on the fake NPU host, from one child (importing the fake
     changes torch for the rest of a process)."""
-    script = ("import json, sys; from trainer import config, run\n"
+    script = ("import json, sys; from trainer import config, plan\n"
               "for argv in json.loads(sys.argv[1]):\n"
               "    p = config.parse_config(argv, env={})\n"
-              "    print(json.dumps(list(p.notes + run.preflight(p.cfg)[1])))\n")
+              "    print(json.dumps(list(p.notes + plan.plan(p.cfg).notes)))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE_NPU, ROOT]), FAKE_NPU_DEVICE_COUNT="8")
     proc = subprocess.run([PY, "-c", script, json.dumps([list(a) for a in argvs])], env=env, capture_output=True,
                           text=True, timeout=120, cwd=ROOT)
@@ -120,14 +121,14 @@ def _npu_preflight_notes(*argvs):
 
 
 def test_single_npu_run_without_amp_gets_a_note_and_stays_float32():
-    plain, amp, spawned = _npu_preflight_notes(
+    plain, amp, spawned = _npu_plan_notes(
         ["--dummy", "--device", "npu"], ["--dummy", "--device", "npu", "--amp"],
         ["--dummy", "--device", "npu", "--multiprocessing-distributed", "--device-list", "0,1"])
     notes = [n for n in plain if "--amp" in n]
     assert len(notes) == 1 and notes[0].startswith("no --amp: training in float32"), notes
     assert "the Ascend guides train on NPU with --amp" in notes[0]
     assert not [n for n in amp + spawned if "no --amp" in n]
-    assert not [n for n in preflight(["--dummy", "--device", "cpu"])[1] if "no --amp" in n]
+    assert not [n for n in planned(["--dummy", "--device", "cpu"])[1] if "no --amp" in n]
 
 
 def _address_space(limit):

@@ -86,7 +86,6 @@ def test_resolve_launch(argv, env, expected):
 
 
 @pytest.mark.parametrize("argv,env,fragment", [
-    (["-b", "10", "--multiprocessing-distributed", "--device-list", "0-3"], {}, "does not divide over 4"),
     ([], {"RANK_ID": "8", "RANK_SIZE": "8"}, "outside a world of 8"),
     ([], {"RANK": "x", "WORLD_SIZE": "2"}, "is not a whole number"),
     (["--world-size", "2", "--rank", "1", "--gpu", "0"], {}, "--gpu picks the device"),
@@ -101,6 +100,20 @@ def test_resolve_launch_rejects(argv, env, fragment):
         resolve_launch(ns(*argv), env)
 
 
+def test_the_plan_checks_the_batch_against_the_processes_spawn_will_start():
+    """--multiprocessing-distributed on a CPU: the processes are the --device-list's slots (4 here), known to the
+    plan before any rank starts."""
+    from trainer.config import parse_config
+    from trainer.plan import plan
+    cfg = parse_config(["--dummy", "--device", "cpu", "-b", "10", "--multiprocessing-distributed",
+                        "--device-list", "0-3"], env={}).cfg
+    with pytest.raises(UsageError, match="--batch-size 10 [(]global[)] does not divide over 4 processes"):
+        plan(cfg, env={})
+    cfg = parse_config(["--dummy", "--device", "cpu", "-b", "12", "--multiprocessing-distributed",
+                        "--device-list", "0-3"], env={}).cfg
+    assert plan(cfg, env={}).launch.device_list == (0, 1, 2, 3)
+
+
 def _parsed(*argv):
     from trainer.config import parse_config
     return parse_config(["--dummy", "--device", "cpu"] + list(argv), env={})
@@ -111,7 +124,7 @@ def _cfg(*argv):
 
 
 def _settled(*argv):
-    """amp.settle on the CPU: (cfg, notes)."""
+    """amp.settle on the CPU: (the precision section decided, notes)."""
     from trainer import amp as ampmod
     parsed = _parsed(*argv)
     return ampmod.settle(parsed.cfg, "cpu")
@@ -166,8 +179,8 @@ def test_shufflenet_names_build_the_variant_unless_torchvision_is_asked():
 def test_precision_flags_without_effect_are_noted():
     _, notes = _settled("--opt-level", "O1", "--loss-scale", "128")
     assert notes == ("--opt-level and --loss-scale have no effect without --amp",)
-    cfg, notes = _settled("--amp", "--opt_level", "O2")
-    assert cfg.precision.amp_impl == "native"
+    precision, notes = _settled("--amp", "--opt_level", "O2")
+    assert precision.amp_impl == "native"
     assert any(n.startswith("--opt-level O2 applies to apex only") for n in notes)
     assert _settled("--amp")[1] == ()
     with pytest.raises(UsageError, match="--combine-ddp is an option of Ascend apex.amp"):

@@ -26,13 +26,17 @@ def train_in_process(out, args, batched=True, decode_ahead=None):
     unless ``batched`` is False (then: the device's choice); ``decode_ahead`` True or False decides whether it
     prepares the next batch in a thread (None: the device's choice, ``Device.decode_ahead``). Returns (exit
     code, summary dict (the evaluation's with -e), epoch losses)."""
+    import dataclasses
     from trainer import run, summary
     from trainer.config import parse_config
+    from trainer.plan import plan
     parsed = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
-    cfg, notes = run.preflight(parsed.cfg)
-    cfg = cfg.replace(data=cfg.data.replace(decode_ahead=decode_ahead, batched_crops=True if batched else None))
+    # the device backend's ways of working have no flags: this tool asks for them in the data section
+    asked = dataclasses.replace(parsed.cfg, data=parsed.cfg.data.replace(
+        decode_ahead=decode_ahead, batched_crops=True if batched else None))
+    cfg = plan(asked, env={}).noted(*parsed.notes, first=True)
     with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        code = run.worker(cfg, notes=parsed.notes + notes)
+        code = run.worker(cfg)
     with open(out + ".log") as f:
         text = f.read()
     s = {}
@@ -71,11 +75,14 @@ def backends_alike(runs, gap, cross_gap):
 def overflow_contract(device, precision, fused):
     """(problem or None, optimizer name): one overflow step then two finite ones against plain SGD."""
     from trainer import amp as ampmod
+    from trainer import optim
+    from trainer.config import OptimConfig
     torch.manual_seed(0)
     dev = device.torch_device
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(dev)
     ref = copy.deepcopy(model)
-    model, step = ampmod.build_step(precision, device, model, 0.05, 0.9, 1e-3, fused=fused)
+    choice = optim.build(OptimConfig(lr=0.05, momentum=0.9, weight_decay=1e-3), model, device, precision, fused=fused)
+    model, step = ampmod.wrap(choice, precision, device, model)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randn(8, 16, generator=gen).to(dev), torch.randint(0, 4, (8,), generator=gen).to(dev))
@@ -110,6 +117,8 @@ def bare_loop(device, arch, batch, size, steps, warm, amp_dtype="auto"):
     --amp-dtype amp_dtype`` (None: float32), on one batch kept on the device (no data pipeline)."""
     import models
     from trainer import amp as ampmod
+    from trainer import optim
+    from trainer.config import OptimConfig
     dtype = None if amp_dtype is None else device.resolve_amp_dtype(amp_dtype)[0]
     # what the trainer's native --amp (no --loss-scale: the dynamic scaler where float16 needs one) resolves to
     prec = (ampmod.Precision(amp_dtype or "auto", "none", None, None) if dtype is None else
@@ -119,7 +128,8 @@ def bare_loop(device, arch, batch, size, steps, warm, amp_dtype="auto"):
     if hasattr(model, "set_index_dtype"):
         model.set_index_dtype(device.index_dtype)
     model = model.to(device.torch_device).to(memory_format=torch.channels_last)
-    model, step = ampmod.build_step(prec, device, model, 0.1, 0.9, 1e-4)
+    model, step = ampmod.wrap(optim.build(OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-4), model, device, prec),
+                              prec, device, model)
     x = torch.randn(batch, 3, size, size, device=device.torch_device).to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=device.torch_device).to(device.target_dtype)
     criterion = torch.nn.CrossEntropyLoss()

@@ -249,8 +249,10 @@ def device_index(section):
     return slot
 
 
-def check_devices(section, kind):
-    """Before any process starts: the device settings suit the kind, the device list exists on this machine."""
+def check_devices(section, kind, environ=None):
+    """Before any process starts: the device settings suit the kind, the device list exists on this machine
+    (``environ``: the environment whose visible-devices variable the message names; os.environ by default)."""
+    environ = os.environ if environ is None else environ
     kind_cls = devmod.Device.of(kind)
     problem = kind_cls.settings_problem(section)
     if problem:
@@ -267,7 +269,7 @@ def check_devices(section, kind):
     if bad:
         raise UsageError("--device-list asks for {} device {} but {} visible (ids 0-{}){}".format(
             kind, bad[0], visible, visible - 1,
-            " under {}={}".format(env, os.environ[env]) if env and os.environ.get(env) else ""))
+            " under {}={}".format(env, environ[env]) if env and environ.get(env) else ""))
 
 
 def free_port():

@@ -73,8 +73,9 @@ class Plan:
 
 
 def plan(cfg, env=None):
-    """The run ``cfg`` asks for, decided and checked on this machine (``env``: the environment, os.environ by
-    default). Raises UsageError (one line) on anything that cannot run."""
+    """The run ``cfg`` asks for, decided and checked on this machine (``env``: the environment the checks name,
+    os.environ by default; the device runtime reads the process's own). Raises UsageError (one line) on anything
+    that cannot run."""
     env = os.environ if env is None else env
     run = cfg.run
     notes = []
@@ -84,7 +85,7 @@ def plan(cfg, env=None):
 
     # the device kind (auto: the first kind that sees a device), its settings, the devices listed
     kind = Device.resolve_kind(cfg.launch.device)
-    launch.check_devices(cfg.launch, kind)
+    launch.check_devices(cfg.launch, kind, env)
     device_class = Device.of(kind)
 
     # precision: --amp-impl auto and apex's loss scale decided for the kind; flags without effect noted
