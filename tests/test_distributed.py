@@ -214,20 +214,21 @@ def test_killing_one_rank_stops_the_job(data70, tmp_path):
 # ---------------------------------------------------------------- spawn's supervision (any torch)
 
 
-def crash_on_rank_1(cfg):
+def crash_on_rank_1(plan):
     """A rank body for spawn: local rank 1 raises, the others would run a minute."""
-    if cfg.launch.local_rank == 1:
-        raise RuntimeError("injected failure on local rank {}".format(cfg.launch.local_rank))
+    if plan.launch.local_rank == 1:
+        raise RuntimeError("injected failure on local rank {}".format(plan.launch.local_rank))
     time.sleep(60)
     return 0
 
 
 def test_a_spawned_ranks_traceback_reaches_the_user_once_and_the_others_stop(tmp_path, capfd):
     from trainer import config, ranks
+    from trainer.plan import plan
     cfg = config.parse_config(["--dummy", "--device", "cpu", "--multiprocessing-distributed", "--device-list",
                                "0,1", "--port", "0", "-b", "8", "--output-dir", str(tmp_path)], env={}).cfg
     t0 = time.time()
-    code = ranks.spawn(cfg, "cpu", crash_on_rank_1)
+    code = ranks.spawn(plan(cfg, env={}), crash_on_rank_1)
     err = capfd.readouterr().err
     assert code == 1 and time.time() - t0 < 40, (code, err)
     assert err.count("RuntimeError: injected failure on local rank 1") == 1, err

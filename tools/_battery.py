@@ -34,7 +34,7 @@ def train_in_process(out, args, batched=True, decode_ahead=None):
     # the device backend's ways of working have no flags: this tool asks for them in the data section
     asked = dataclasses.replace(parsed.cfg, data=parsed.cfg.data.replace(
         decode_ahead=decode_ahead, batched_crops=True if batched else None))
-    cfg = plan(asked, env={}).noted(*parsed.notes, first=True)
+    cfg = plan(asked, env={}, notes=parsed.notes)
     with open(out + ".log", "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         code = run.worker(cfg)
     with open(out + ".log") as f:

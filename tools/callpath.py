@@ -9,9 +9,14 @@ lambdas and module bodies are not functions a reader opens). By default only the
 configuration flows through: those called with the command line (``argv``), with an object of trainer/config.py
 or trainer/plan.py (the ``Config``, a section, the ``Plan``), or with an object that holds one as its own
 attribute (a trainer, a job); ``--all`` records every function. The files of those functions, in that order, with
-repeats in a row merged, are the path a reader walks. A re-entry is a step of that path into a file the reader had
-already left. Prints the path, then ``files: N, functions: M, re-entries: K`` and each re-entered file's count;
-``--json`` writes the same numbers for machines.
+repeats in a row merged, are the path a reader walks. Two counts of going back:
+
+  re-entries        a call from another file into a file the reader had met before (the caller is the nearest
+                    project function on the stack: a file's calls to its own functions are reading that file)
+  path re-entries   a step of the path (in first-call order, callers aside) into a file met before
+
+Prints the path, then ``files: N, functions: M, re-entries: K, path re-entries: P`` and each re-entered file's
+count; ``--json`` writes the same numbers for machines.
 
 Example (a tiny data set from tools/make_dataset.py)::
 
@@ -59,9 +64,20 @@ def _carries_config(frame, argv):
     return False
 
 
+def _caller(frame):
+    """The project file of the nearest project function that called ``frame``'s, or None."""
+    frame = frame.f_back
+    while frame is not None:
+        rel = _project_file(frame.f_code.co_filename)
+        if rel is not None and not frame.f_code.co_name.startswith("<"):
+            return rel
+        frame = frame.f_back
+    return None
+
+
 def trace(fn, argv, follow_all=False):
-    """(fn(argv)'s result, the (file, function) pairs of the project in first-call order): every function with
-    ``follow_all``, else those the configuration flows through (``_carries_config``)."""
+    """(fn(argv)'s result, the (file, function, caller's file) of the project's functions in first-call order):
+    every function with ``follow_all``, else those the configuration flows through (``_carries_config``)."""
     seen, order = set(), []
 
     def hook(frame, event, arg):
@@ -74,7 +90,7 @@ def trace(fn, argv, follow_all=False):
         if rel is None or not (follow_all or _carries_config(frame, argv)):
             return
         seen.add(code)
-        order.append((rel, code.co_name))
+        order.append((rel, code.co_name, _caller(frame)))
 
     sys.setprofile(hook)
     try:
@@ -85,17 +101,21 @@ def trace(fn, argv, follow_all=False):
 
 
 def walk(order):
-    """The files in the order met (repeats in a row merged), and the re-entries per file."""
-    path, left, reentries = [], set(), collections.Counter()
-    for rel, _ in order:
+    """(the files in the order met, repeats in a row merged; re-entries per file; path re-entries per file)."""
+    path, left, path_reentries = [], set(), collections.Counter()
+    met, reentries = set(), collections.Counter()
+    for rel, _, caller in order:
+        if caller is not None and caller != rel and rel in met:
+            reentries[rel] += 1
+        met.add(rel)
         if path and path[-1] == rel:
             continue
         if path:
             left.add(path[-1])
         if rel in left:
-            reentries[rel] += 1
+            path_reentries[rel] += 1
         path.append(rel)
-    return path, reentries
+    return path, reentries, path_reentries
 
 
 def main(argv=None):
@@ -109,21 +129,22 @@ def main(argv=None):
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
     entry = runpy.run_path(os.path.join(ROOT, "main.py"), run_name="callpath")  # main.py's functions, not run
     code, order = trace(entry["main"], args, ns.all)
-    path, reentries = walk(order)
+    path, reentries, path_reentries = walk(order)
     if ns.functions:
-        for rel, name in order:
-            print("{}  {}".format(rel, name))
+        for rel, name, caller in order:
+            print("{}  {}  (from {})".format(rel, name, caller))
     print(" -> ".join(path))
     files = sorted(set(path))
-    print("files: {}, functions: {}, re-entries: {} (exit code {})".format(
-        len(files), len(order), sum(reentries.values()), code))
+    print("files: {}, functions: {}, re-entries: {}, path re-entries: {} (exit code {})".format(
+        len(files), len(order), sum(reentries.values()), sum(path_reentries.values()), code))
     for rel, n in reentries.most_common():
         print("  {} re-entered {} time(s)".format(rel, n))
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump({"follow": "all" if ns.all else "config", "files": files, "path": path,
                        "functions": len(order), "reentries": dict(reentries),
-                       "total_reentries": sum(reentries.values()), "exit_code": code}, f, indent=1)
+                       "total_reentries": sum(reentries.values()), "path_reentries": dict(path_reentries),
+                       "total_path_reentries": sum(path_reentries.values()), "exit_code": code}, f, indent=1)
     return 0 if code == 0 else 1
 
 

@@ -6,6 +6,7 @@ it: an ``OptimizerStep`` whose ``step(loss)`` skips an update entirely when the 
 Reasons and details: docs/PRECISION.md.
 """
 import contextlib
+import dataclasses
 import inspect
 
 import torch
@@ -65,7 +66,7 @@ def settle(cfg, kind):
         if cfg.launch.world_size == 1 and devmod.Device.of(kind).guides_train_with_amp and not cfg.run.evaluate:
             notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
                          "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
-        return p.replace(amp_impl="native"), tuple(notes)
+        return dataclasses.replace(p, amp_impl="native"), tuple(notes)
     impl = p.amp_impl
     if impl == "auto":
         impl = "native" if p.amp_dtype == "bfloat16" else devmod.Device.of(kind).default_amp_impl()
@@ -92,7 +93,7 @@ def settle(cfg, kind):
         if "opt_level" in typed:
             notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
                 p.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
-    return p.replace(amp_impl=impl, loss_scale=loss_scale), tuple(notes)
+    return dataclasses.replace(p, amp_impl=impl, loss_scale=loss_scale), tuple(notes)
 
 
 def _held(loss_scale):

@@ -27,9 +27,6 @@ class Loops:
         # cast on the host, then copy (the Ascend guide's order: no cast op on the device per step)
         return self.device.move(target.to(self.device.target_dtype))
 
-    def _reduce(self, t):
-        return self.dist.all_reduce_sum(t)
-
     def train_one_epoch(self, loader, epoch, steps):
         """One epoch of ``steps`` steps; returns its metrics.TrainStats."""
         cfg, dev = self.plan, self.device
@@ -67,7 +64,8 @@ class Loops:
                 for line in self.zoo.first_step(clock.first_seconds[i]):
                     self.log(line)
             if i % cfg.run.print_freq == 0 or i == steps - 1 or self.stop_requested:
-                interval, running, live = sums.read(self._reduce, self.step.live_scalars())  # syncs the device
+                # syncs the device
+                interval, running, live = sums.read(self.dist.all_reduce_sum, self.step.live_scalars())
                 span = clock.span(i)
                 meters.update(span, interval, running)
                 step_losses.append((epoch * steps + i + 1, interval["loss"]))
@@ -86,7 +84,7 @@ class Loops:
         timed, seconds = clock.finish()
         timed_steps = steps - clock.warm
         elapsed = self.dist.max(timed, dev)
-        _, running = sums.read(self._reduce)
+        _, running = sums.read(self.dist.all_reduce_sum)
         self._check(guard, epoch)
         global_batch = (batch or 0) * self.dist.world_size
         if self.first_steps is None:
@@ -130,12 +128,12 @@ class Loops:
             sums.add((per_sample * m).sum(), c1, c5, m.sum())
             rec.step(images.shape[0])
             if i % cfg.run.print_freq == 0 or i == steps - 1:
-                interval, running = sums.read(self._reduce)
+                interval, running = sums.read(self.dist.all_reduce_sum)
                 meters.update(clock.span(i), interval, running)
                 if not rec.bar:
                     self.log(self.zoo.prefix + meters.line(i + 1))
         rec.end_phase()
-        _, running = sums.read(self._reduce)
+        _, running = sums.read(self.dist.all_reduce_sum)
         self.log(metrics.summary_line(running["acc1"], running["acc5"]))
         for line in self.zoo.validated(running["acc1"], running["acc5"]):
             self.log(line)

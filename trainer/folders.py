@@ -30,10 +30,13 @@ class Quiet(UsageError):
     quiet = True
 
 
-def owns_folder(cfg):
-    """Whether this process holds --output-dir for the job: the one that starts rank 0 (a training run)."""
+def hold_folder(cfg):
+    """The process that starts rank 0 of a training run holds --output-dir for the job: ``take_folder`` there.
+    Returns (the lock, or None for any other process; notes)."""
     first = cfg.launch.node_rank == 0 if cfg.launch.mode == "spawn" else cfg.launch.rank == 0
-    return first and not cfg.run.evaluate
+    if not first or cfg.run.evaluate:
+        return None, ()
+    return take_folder(cfg)
 
 
 def take_folder(cfg):

@@ -2,6 +2,7 @@
 nodes), worked out from flags and environment before anything starts, and the checks of the launch that
 need no process group: the backend, the rendezvous scheme, the device list, the port. Launch modes, batch
 and LR rules, rendezvous: docs/DESIGN.md."""
+import dataclasses
 import os
 import socket
 
@@ -205,6 +206,29 @@ def _check_gpu(ns, out):
         raise UsageError("--gpu {} contradicts this process's place: local rank {} uses device {}{} (drop --gpu, "
                          "or pass the rank's own index)".format(ns.gpu, slot, own,
                                                                 " of --device-list" if ns.device_list else ""))
+
+
+def settle(section, kind, batch_size, environ=None):
+    """Where the processes of the job sit, decided for ``kind`` before any of them starts (trainer/plan.py): the
+    devices listed exist, the global batch divides over the processes (spawn's: one per listed or visible device
+    of each node), the process group's backend, the rendezvous and its master, and this process's device (a
+    spawned rank's is decided where it starts: ``device_index``). ``section``: the config's launch section;
+    ``environ``: the environment the messages name. Returns (the launch section decided, notes)."""
+    check_devices(section, kind, environ)
+    world = section.world_size
+    if section.mode == "spawn":
+        ids = section.device_list or tuple(range(devmod.Device.of(kind).count()))
+        world = section.nodes * len(ids)
+    if batch_size % world:
+        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
+            batch_size, world, world))
+    backend, notes = settle_backend(section, kind)
+    section = dataclasses.replace(section, device=kind, dist_backend=backend)
+    notes += check_launch(section, kind)
+    rendezvous.check_master(section)
+    if section.mode != "spawn":
+        section = dataclasses.replace(section, device_index=device_index(section))
+    return section, notes
 
 
 def settle_backend(section, kind):

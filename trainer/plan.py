@@ -12,100 +12,65 @@ A ``Plan`` answers as the config does (``plan.run.epochs``, ``plan.launch.world_
 the config untouched and ``plan.as_dict()`` what checkpoints and summaries record under "config".
 """
 import dataclasses
-import math
 import os
 from typing import Optional, Tuple
 
 from trainer import amp, checkpoint, cli, data, launch
-from trainer.config import Config, LaunchConfig, ModelConfig, PrecisionConfig, flat_dict
+from trainer.config import FLAT, Config, LaunchConfig, ModelConfig, PrecisionConfig
 from trainer.device import Device
 from trainer.errors import UsageError
-from trainer.rendezvous import check_master
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One run's facts, decided by ``plan``. Spawned ranks get the plan of their place (``placed``)."""
+    """One run's facts, decided by ``plan``. Spawned ranks get the plan of their place (``placed``). Besides its
+    fields, a plan has the config's other sections as attributes: ``data``, ``optim``, ``run``."""
     cfg: Config  # what was asked
     kind: str  # the device kind (npu | cuda | cpu)
-    launch: LaunchConfig  # the config's, with the kind, the backend and (spawned ranks) the place decided
+    launch: LaunchConfig  # the config's, with the kind, the backend and this process's place and device decided
     model: ModelConfig  # the config's, with the memory format and the weights file decided
     precision: PrecisionConfig  # the config's, with --amp-impl and the loss scale decided for the kind
     weights: Optional[checkpoint.File] = None  # --pretrained's file (read at most once a process)
     resume: Optional[checkpoint.File] = None  # the checkpoint to resume or evaluate (read at most once a process)
     notes: Tuple[str, ...] = ()
 
-    # the sections decided as asked
-    @property
-    def data(self):
-        return self.cfg.data
-
-    @property
-    def optim(self):
-        return self.cfg.optim
-
-    @property
-    def run(self):
-        return self.cfg.run
+    def __post_init__(self):
+        for name in ("data", "optim", "run"):  # decided as asked
+            object.__setattr__(self, name, getattr(self.cfg, name))
 
     def as_dict(self):
         """Every setting under its flat name, as decided (checkpoints' and summaries' "config")."""
-        return flat_dict(self)
-
-    def noted(self, *notes, first=False):
-        """This plan with ``notes`` after its own (what the run learnt since), or before them (``first``: the notes
-        of parsing)."""
-        return dataclasses.replace(self, notes=tuple(notes) + self.notes if first else self.notes + tuple(notes))
+        return {name: getattr(getattr(self, section), field) for name, (section, field) in FLAT.items()}
 
     def placed(self, **place):
-        """This plan for a process at another place of the job (``LaunchConfig`` fields: a spawned rank's)."""
-        return dataclasses.replace(self, launch=self.launch.replace(**place))
-
-    def workers(self, node_cpus=None):
-        """Data-loader workers per process: -j (per node) shared by the node's processes, else the device's
-        default for the cores the node's ranks share (``node_cpus``: where this rank bound itself)."""
-        procs = max(1, self.launch.procs_per_node)
-        if self.data.dummy:
-            return 0  # batches made once on the device
-        if self.data.workers is None:
-            return Device.of(self.kind).default_workers(procs, node_cpus)
-        return int(math.ceil(self.data.workers / float(procs)))
+        """This plan for a process at another place of the job (``LaunchConfig`` fields: a spawned rank's), its
+        device the one that place gives."""
+        section = dataclasses.replace(self.launch, **place)
+        section = dataclasses.replace(section, device_index=launch.device_index(section))
+        return dataclasses.replace(self, launch=section)
 
 
-def plan(cfg, env=None):
+def plan(cfg, env=None, notes=()):
     """The run ``cfg`` asks for, decided and checked on this machine (``env``: the environment the checks name,
-    os.environ by default; the device runtime reads the process's own). Raises UsageError (one line) on anything
-    that cannot run."""
-    env = os.environ if env is None else env
+    os.environ by default; the device runtime reads the process's own; ``notes``: parsing's, the plan's first).
+    Raises UsageError (one line) on anything that cannot run."""
     run = cfg.run
-    notes = []
+    notes = list(notes)
 
     # the network asked for exists
     cli.check_arch(cfg.model.arch)
 
-    # the device kind (auto: the first kind that sees a device), its settings, the devices listed
+    # the device kind (auto: the first kind that sees a device)
     kind = Device.resolve_kind(cfg.launch.device)
-    launch.check_devices(cfg.launch, kind, env)
     device_class = Device.of(kind)
+
+    # where the processes sit: their batch, the backend, the rendezvous and its master, this process's device
+    section, more = launch.settle(cfg.launch, kind, run.batch_size, env)
+    notes += more
 
     # precision: --amp-impl auto and apex's loss scale decided for the kind; flags without effect noted
     precision, more = amp.settle(cfg, kind)
     notes += more
-
-    # where this process sits: the processes of the job and their batch, the backend, the rendezvous, the master
-    section = cfg.launch
-    world = section.world_size
-    if section.mode == "spawn":
-        ids = section.device_list or tuple(range(device_class.count()))
-        world = section.nodes * len(ids)
-    if run.batch_size % world:
-        raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
-            run.batch_size, world, world))
-    backend, more = launch.settle_backend(section, kind)
-    notes += more
-    section = section.replace(device=kind, dist_backend=backend)
-    notes += launch.check_launch(section, kind)
-    check_master(section)
 
     # graph mode, SyncBatchNorm
     if cfg.model.compile:
@@ -149,6 +114,6 @@ def plan(cfg, env=None):
     if os.path.exists(run.output_dir) and not os.path.isdir(run.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(run.output_dir))
 
-    return Plan(cfg=cfg, kind=kind, launch=section, precision=precision, weights=weights, resume=resume,
-                notes=tuple(notes), model=cfg.model.replace(channels_last=channels_last,
-                                                            pretrained=weights.path if weights else None))
+    model = dataclasses.replace(cfg.model, channels_last=channels_last, pretrained=weights.path if weights else None)
+    return Plan(cfg=cfg, kind=kind, launch=section, model=model, precision=precision, weights=weights,
+                resume=resume, notes=tuple(notes))

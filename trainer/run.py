@@ -6,6 +6,7 @@
                    (trainer/trainer.py) that trains or evaluates; every outcome becomes a summary status and an
                    exit code here
 """
+import dataclasses
 import functools
 import os
 import signal
@@ -13,7 +14,6 @@ import sys
 
 from trainer import affinity, cli, distributed, folders, metrics, ranks, summary
 from trainer.device import Device, out_of_memory
-from trainer.launch import device_index
 from trainer.errors import UsageError, one_line
 from trainer.guard import Diverged
 from trainer.plan import plan as make_plan
@@ -25,11 +25,9 @@ def run(cfg, notes=(), amp_timer=None, env=None):
     """Entry point after parsing (``notes``: parsing's, as ``parse_config`` returned them): returns the process
     exit code. ``amp_timer``: the timing function of the --amp dtype probe (trainer/amp_probe.py ``time_steps`` by
     default); ``env``: the environment the plan reads (os.environ by default)."""
-    plan = make_plan(cfg, env).noted(*notes, first=True)
-    held_lock = None
-    if folders.owns_folder(plan):
-        held_lock, more = folders.take_folder(plan)
-        plan = plan.noted(*more)
+    plan = make_plan(cfg, env, notes)
+    held_lock, more = folders.hold_folder(plan)  # the process that starts rank 0 holds --output-dir
+    plan = dataclasses.replace(plan, notes=plan.notes + more)
     try:
         if plan.launch.mode == "spawn":  # each rank reads the plan's files for itself
             return ranks.spawn(plan, functools.partial(worker, amp_timer=amp_timer))
@@ -47,7 +45,7 @@ def worker(plan, amp_timer=None):
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
         bound = affinity.bind(section, plan.kind)  # before any thread or data worker starts
-        device = Device.create(plan.kind, device_index(section))
+        device = Device.create(plan.kind, section.device_index)
         settings = device.configure(section)
         host_memory = Device.of(plan.kind).keep_host_memory()
         dist = distributed.init(section, device)
@@ -58,10 +56,10 @@ def worker(plan, amp_timer=None):
     log(affinity.describe(bound), all_ranks=True)
     log("=> device settings: " + ", ".join("{} {}".format(k, v) for k, v in settings.items()))
     if plan.precision.float32_math is not None:  # ModelZoo's ALLOW_HF32 / ALLOW_FP32
-        plan = plan.noted(device.set_float32_math(plan.precision.float32_math))
+        plan = dataclasses.replace(plan, notes=plan.notes + (device.set_float32_math(plan.precision.float32_math),))
     try:
         writes, node_lock, more = folders.node_writer(plan, dist, device, log)
-        plan = plan.noted(*more)
+        plan = dataclasses.replace(plan, notes=plan.notes + more)
         if writes:
             os.makedirs(plan.run.output_dir, exist_ok=True)
             name = summary.EVAL_SUMMARY if plan.run.evaluate else summary.SUMMARY

@@ -9,6 +9,7 @@ parts, and ``fit()`` that reads as pytorch/examples' main_worker: for each epoch
 
 Every field of summary.json a run fills is filled in ``summary_fields``.
 """
+import math
 import os
 import secrets
 
@@ -31,7 +32,15 @@ class Trainer(Loops):
         self.plan, self.device, self.dist, self.log, self.summary = plan, device, dist, log, summary
         run, world = plan.run, dist.world_size
         self.batch_per_rank = run.batch_size // world
-        self.workers = plan.workers(affinity.node_cpus())
+        # data-loader workers per process: -j (per node) shared by the node's processes, else the device's default
+        # for the cores the node's ranks share (where this rank bound itself: affinity.node_cpus)
+        procs = max(1, plan.launch.procs_per_node)
+        if plan.data.dummy:
+            self.workers = 0  # batches made once on the device
+        elif plan.data.workers is None:
+            self.workers = device.default_workers(procs, affinity.node_cpus())
+        else:
+            self.workers = int(math.ceil(plan.data.workers / float(procs)))
         resume = None
         if plan.resume is not None and not run.evaluate:
             resume = checkpoint.read_training(plan.resume, plan.model.arch)
