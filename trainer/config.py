@@ -1,7 +1,7 @@
-"""Command line -> validated, frozen ``Config``.
+"""Command line -> validated, frozen ``Config``: what was asked (None: not given).
 
-Everything the run needs flows down as one immutable ``Config``; nothing mutates the
-argparse namespace after ``parse_config`` returns. pytorch/examples' flags keep their
+The ``Config`` is never rebuilt: what a run decides from it and from the machine is trainer/plan.py's ``Plan``.
+Nothing mutates the argparse namespace after ``parse_config`` returns. pytorch/examples' flags keep their
 names and meanings; the additions are documented in ``--help`` and README.md.
 The command line is parsed once, every default None (``flags.parse_typed``: a value left None was not given);
 the rest is filled in by layers: argparse's defaults, then a recipe's (``--recipe NAME``), then a ModelZoo entry's
@@ -142,7 +142,7 @@ class RunConfig(_Section):
 
 SECTIONS = (("data", DataConfig), ("model", ModelConfig), ("optim", OptimConfig), ("precision", PrecisionConfig),
             ("launch", LaunchConfig), ("run", RunConfig))
-# the flat names (checkpoints' and summaries' "config", Config.replace) of the fields whose section names them
+# the flat names (checkpoints' and summaries' "config") of the fields whose section names them
 # otherwise
 RENAMED = {"data": ("data", "root"), "model": ("model", "name"), "launch": ("launch", "mode")}
 
@@ -185,32 +185,10 @@ class Config:
     launch: LaunchConfig = LaunchConfig()
     run: RunConfig = RunConfig()
 
-    def replace(self, **changes):
-        """A copy with fields changed: sections whole (``launch=LaunchConfig(...)``), or fields by their flat
-        names (``world_size=8``; ``data=DIR``, ``model=NAME``, ``launch=MODE``: see ``as_dict``)."""
-        top, per_section = {}, {}
-        for name, value in changes.items():
-            if isinstance(value, _Section):
-                top[name] = value
-            elif name in FLAT:
-                section, field = FLAT[name]
-                per_section.setdefault(section, {})[field] = value
-            else:
-                raise TypeError("Config has no field '{}'".format(name))
-        for section, fields in per_section.items():
-            top[section] = top.get(section, getattr(self, section)).replace(**fields)
-        return dataclasses.replace(self, **top)
-
     def as_dict(self):
         """Every field under its flat name (the command line's dests: ``data`` is the data set's folder, ``model``
-        the network built, ``launch`` the launch mode)."""
-        return flat_dict(self)
-
-
-def flat_dict(settings):
-    """Every field of ``settings`` (a Config, or a plan.Plan: anything with the six sections) under its flat name:
-    what checkpoints and summaries record as "config"."""
-    return {name: getattr(getattr(settings, section), field) for name, (section, field) in FLAT.items()}
+        the network built, ``launch`` the launch mode); a plan.Plan's ``as_dict`` is the same, as decided."""
+        return {name: getattr(getattr(self, section), field) for name, (section, field) in FLAT.items()}
 
 
 class Parsed(NamedTuple):
