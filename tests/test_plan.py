@@ -73,3 +73,10 @@ def test_every_input_check_of_the_machine_is_the_plans(tmp_path):
         plan(_cfg("--sync-bn"), env={})
     with pytest.raises(UsageError, match="does not exist"):
         plan(parse_config([str(tmp_path / "nowhere")], env={}).cfg, env={})
+
+
+def test_a_classifier_smaller_than_the_class_folders_is_refused_before_any_rank_starts(shapes):
+    with pytest.raises(UsageError, match="--num-classes 5 is below the 10 class folders in the data"):
+        plan(parse_config([shapes, "--device", "cpu", "--num-classes", "5"], env={}).cfg, env={})
+    assert plan(parse_config([shapes, "--device", "cpu", "--num-classes", "12"], env={}).cfg,
+                env={}).model.num_classes == 12

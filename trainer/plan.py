@@ -82,9 +82,13 @@ def plan(cfg, env=None, notes=()):
     if cfg.model.sync_bn and not device_class.supports_sync_bn:
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
 
-    # the data set
+    # the data set, and the classifier's size against its class folders
     if not cfg.data.dummy:
         data.check_data_root(cfg.data.root, need_train=not run.evaluate)
+        found = len(data.class_folders(cfg.data.root)) if cfg.model.num_classes is not None else 0
+        if cfg.model.num_classes is not None and cfg.model.num_classes < found:
+            raise UsageError("--num-classes {} is below the {} class folders in the data".format(
+                cfg.model.num_classes, found))
 
     # the weights: --pretrained FILE, or torchvision's published ones (downloaded into torch's cache)
     weights = cfg.model.pretrained

@@ -56,10 +56,6 @@ class Trainer(Loops):
             plan.data, device, data.Sampling(self.batch_per_rank, dist.rank, world, self.workers, self.seed),
             need_train=not run.evaluate, channels_last=plan.model.channels_last, num_classes=plan.model.num_classes)
         self.num_classes = plan.model.num_classes or self.info.num_classes
-        if plan.model.num_classes is not None and self.info.classes is not None and \
-                plan.model.num_classes < self.info.num_classes:
-            raise UsageError("--num-classes {} is below the {} class folders in the data".format(
-                plan.model.num_classes, self.info.num_classes))
         self.model = build_model(plan.model, self.num_classes, device, world, log, plan.weights)
         self.precision = amp.resolve(plan.precision, device, world, amp_probe.for_run(
             plan, self.model, device, dist, self.batch_per_rank, timer=amp_timer))

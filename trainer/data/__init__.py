@@ -32,7 +32,7 @@ from trainer.device import DEVICE_DECODE, HOST_DECODE
 from trainer.errors import DataError
 
 __all__ = [
-    "BACKENDS", "build", "resolve_backend", "IMG_EXTENSIONS", "_is_tiny_imagenet_val", "check_data_root",
+    "BACKENDS", "build", "class_folders", "resolve_backend", "IMG_EXTENSIONS", "_is_tiny_imagenet_val", "check_data_root",
     "find_classes", "scan_train", "scan_val", "ImageDataset", "PaddedEvalDataset", "channels_last_collate",
     "_PIL_SIMD", "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw", "pil_to_hwc",
     "pillow_simd", "read_bytes", "rgb", "sample_rng", "sample_seed", "tensor_crop_resize", "torch_resize",
@@ -62,6 +62,12 @@ def resolve_backend(requested, device):
 
 
 
+def class_folders(root):
+    """The class folders of the data set in ``root`` (train/'s, or val/'s where there is no train/), sorted."""
+    train_dir = os.path.join(root, "train")
+    return find_classes(train_dir if os.path.isdir(train_dir) else os.path.join(root, "val"))
+
+
 def build(section, device, sampling, need_train=True, channels_last=False, num_classes=None):
     """(train_loader or None, val_loader, DataInfo) from the config's data section (a config.DataConfig) for one
     rank's ``sampling`` (a Sampling: batch, rank, world size, workers, seed); batches stacked channels-last where
@@ -73,7 +79,7 @@ def build(section, device, sampling, need_train=True, channels_last=False, num_c
     backend, decode, note = resolve_backend(section.data_backend, device)
     root = section.root
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
-    classes = find_classes(train_dir if os.path.isdir(train_dir) else val_dir)
+    classes = class_folders(root)
     val_samples = scan_val(val_dir, {c: i for i, c in enumerate(classes)})
     layout = "tiny-imagenet" if _is_tiny_imagenet_val(val_dir) else "imagenet"
     train_samples = None
