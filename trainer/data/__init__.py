@@ -32,7 +32,8 @@ from trainer.device import DEVICE_DECODE, HOST_DECODE
 from trainer.errors import DataError
 
 __all__ = [
-    "BACKENDS", "build", "class_folders", "resolve_backend", "IMG_EXTENSIONS", "_is_tiny_imagenet_val", "check_data_root",
+    "BACKENDS", "build", "class_folders", "resolve_backend", "IMG_EXTENSIONS", "_is_tiny_imagenet_val",
+    "check_data_root",
     "find_classes", "scan_train", "scan_val", "ImageDataset", "PaddedEvalDataset", "channels_last_collate",
     "_PIL_SIMD", "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw", "pil_to_hwc",
     "pillow_simd", "read_bytes", "rgb", "sample_rng", "sample_seed", "tensor_crop_resize", "torch_resize",
