@@ -30,7 +30,7 @@ class DataConfig(_Section):
     """What ``trainer.data.build`` reads."""
     root: Optional[str] = None  # DIR (None with --dummy)
     dummy: bool = False
-    workers: Optional[int] = None  # per node; None: from the device kind and the cores (run.build)
+    workers: Optional[int] = None  # per node; None: from the device kind and the cores (trainer.Trainer)
     train_crop_size: int = 224
     crop_scale_min: float = 0.08
     val_resize_size: int = 256
@@ -43,7 +43,7 @@ class DataConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(_Section):
-    """What ``run.build_model`` reads."""
+    """What ``trainer.build_model`` reads (as the plan decided it: trainer/plan.py)."""
     arch: str = "resnet18"  # as given (checkpoints and summaries name it)
     name: str = "resnet18"  # the network built: --arch, or this project's variant of it (models.resolve)
     model_impl: str = "auto"
@@ -51,7 +51,7 @@ class ModelConfig(_Section):
     pretrained_published: bool = False  # --pretrained alone: torchvision's published weights (``pretrained``: the file)
     num_classes: Optional[int] = None  # None: the data's class count
     zero_init_residual: bool = False
-    channels_last: Optional[bool] = None  # None: the device's default (settled in run.preflight)
+    channels_last: Optional[bool] = None  # None: the device's default (decided by trainer/plan.py)
     sync_bn: bool = False
     compile: bool = False  # --compile: the training step in graph mode (trainer/graph.py)
     compile_mode: str = "default"
