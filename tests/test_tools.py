@@ -441,3 +441,22 @@ def test_step_profiler_on_npu_uses_torch_npu_profiler_and_its_files(tmp_path):
     table = (tmp_path / "profile_ops_rank2.txt").read_text()
     assert "trace_view.json" in table and "aten::linear" in table
     assert not (tmp_path / "profile_rank2.json").exists()
+
+
+@pytest.mark.timeout(300)
+def test_callpath_follows_a_run_and_a_reader_goes_back_into_few_files(shapes, tmp_path):
+    """tools/callpath.py on a real run: the path starts at main.py and goes through the plan and the trainer;
+    a reader following the configuration goes back into a file from another one fewer than 10 times (the house's
+    shape: parse -> plan -> run -> Trainer)."""
+    out = str(tmp_path / "cp.json")
+    r = subprocess.run([PY, "-m", "tools.callpath", "--json", out, "--", shapes, "-a", "resnet18", "--device", "cpu",
+                        "--epochs", "1", "-b", "16", "--max-steps-per-epoch", "2", "--output-dir",
+                        str(tmp_path / "run")] + SMALL, cwd=ROOT, capture_output=True, text=True, timeout=280,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    with open(out) as f:
+        got = json.load(f)
+    assert got["exit_code"] == 0 and got["follow"] == "config" and got["path"][0] == "main.py"
+    assert {"trainer/plan.py", "trainer/trainer.py", "trainer/engine.py"} <= set(got["files"])
+    assert got["total_reentries"] < 10, got["reentries"]
+    assert "re-entries: {}".format(got["total_reentries"]) in r.stdout
