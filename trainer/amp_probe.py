@@ -200,17 +200,17 @@ def _num_classes(model):
     return last[-1].out_features if last else 1000
 
 
-def for_run(cfg, model, device, dist, batch_per_rank, timer=None, cache=None):
+def for_run(plan, model, device, dist, batch_per_rank, timer=None, cache=None):
     """``decide(dtype, note)`` for ``amp.resolve``: where ``device`` measures its ``auto`` dtype, rank 0 measures
     ``model`` (when the device's rule offers bfloat16 at all) and every rank takes its choice; returns (dtype,
     note, probe record or None). Every rank calls it (one broadcast)."""
     def decide(dtype, note):
         record = None
         if dist.is_main and dtype is not None:
-            shape = {"arch": cfg.model.arch,
-                     "size": cfg.data.val_crop_size if cfg.run.evaluate else cfg.data.train_crop_size,
-                     "batch": max(1, min(BATCH, batch_per_rank)), "channels_last": bool(cfg.model.channels_last),
-                     "backward": not cfg.run.evaluate}
+            shape = {"arch": plan.model.arch,
+                     "size": plan.data.val_crop_size if plan.run.evaluate else plan.data.train_crop_size,
+                     "batch": max(1, min(BATCH, batch_per_rank)), "channels_last": bool(plan.model.channels_last),
+                     "backward": not plan.run.evaluate}
             verdict = measure(model, device, shape, dtype, timer=timer, cache=cache)
             dtype, note, record = verdict.dtype, verdict.note(), verdict.as_dict()
         chosen = _CODES[dist.broadcast_int(_CODES.index(dtype), device)]

@@ -113,20 +113,20 @@ def append_to_shared_log():
             continue
 
 
-def interrupted_line(cfg):
-    if cfg.run.evaluate:
+def interrupted_line(plan):
+    if plan.run.evaluate:
         return "interrupted: the evaluation stopped; nothing in '{}' was changed but its summary".format(
-            cfg.run.output_dir)
-    return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(cfg.run.output_dir)
+            plan.run.output_dir)
+    return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(plan.run.output_dir)
 
 
-def out_of_memory_line(cfg, device):
+def out_of_memory_line(plan, device):
     """The one line for a run that ran out of device (or host) memory: where, at which batch, what to change."""
-    per_device = cfg.run.batch_size // max(1, cfg.launch.world_size)
-    fixes = ["lower -b (now {} global{})".format(cfg.run.batch_size, ", {} per device".format(per_device)
-                                                  if cfg.launch.world_size > 1 else "")]
-    if not cfg.precision.amp and device.resolve_amp_dtype("auto")[0] is not None:
+    per_device = plan.run.batch_size // max(1, plan.launch.world_size)
+    fixes = ["lower -b (now {} global{})".format(plan.run.batch_size, ", {} per device".format(per_device)
+                                                  if plan.launch.world_size > 1 else "")]
+    if not plan.precision.amp and device.resolve_amp_dtype("auto")[0] is not None:
         fixes.append("add --amp (half-size activations)")
     return ("out of memory on {} at {} images per device ({}, {} px): {}; the checkpoints are those of the last "
-            "finished epoch".format(device.name, per_device, cfg.model.arch, cfg.data.train_crop_size,
+            "finished epoch".format(device.name, per_device, plan.model.arch, plan.data.train_crop_size,
                                     ", or ".join(fixes)))

@@ -20,16 +20,16 @@ def elastic_resume(resume, env):
                          restarts))
 
 
-def world_change(saved, cfg):
+def world_change(saved, plan):
     """Notes for a resume whose world size differs from the checkpoint's (``saved``: its config), as after an
     elastic membership change (torchrun --nnodes MIN:MAX): the global batch -b is kept, and so the LR as given,
     so that each step sees the same images and the run continues as it would have at the old size."""
-    before, now = (saved or {}).get("world_size"), cfg.launch.world_size
+    before, now = (saved or {}).get("world_size"), plan.launch.world_size
     if not before or not now or before == now:
         return ()
-    b = cfg.run.batch_size
+    b = plan.run.batch_size
     return ("the world changed from {} to {} process(es) since the checkpoint: the global batch {} is kept ({} per "
-            "device instead of {}), the LR {} as given".format(before, now, b, b // now, b // before, cfg.optim.lr),)
+            "device instead of {}), the LR {} as given".format(before, now, b, b // now, b // before, plan.optim.lr),)
 
 
 # ---------------------------------------------------------------- Slurm

@@ -30,29 +30,29 @@ class Quiet(UsageError):
     quiet = True
 
 
-def hold_folder(cfg):
+def hold_folder(plan):
     """The process that starts rank 0 of a training run holds --output-dir for the job: ``take_folder`` there.
     Returns (the lock, or None for any other process; notes)."""
-    first = cfg.launch.node_rank == 0 if cfg.launch.mode == "spawn" else cfg.launch.rank == 0
-    if not first or cfg.run.evaluate:
+    first = plan.launch.node_rank == 0 if plan.launch.mode == "spawn" else plan.launch.rank == 0
+    if not first or plan.run.evaluate:
         return None, ()
-    return take_folder(cfg)
+    return take_folder(plan)
 
 
-def take_folder(cfg):
+def take_folder(plan):
     """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
     without one. Returns (lock, notes: one when a stale lock was taken over)."""
-    held_lock = lock.RunLock(cfg.run.output_dir).acquire()
+    held_lock = lock.RunLock(plan.run.output_dir).acquire()
     notes = ()
     try:
-        if cfg.run.resume is None:
-            names = RUN_FILES + (checkpoint.last_name(cfg.run.checkpoint_prefix),)
-            held = [f for f in sorted(set(names)) if os.path.exists(os.path.join(cfg.run.output_dir, f))]
-            if held and cfg.run.move_earlier_run:
-                notes += (move_earlier_run(cfg.run.output_dir, cfg.run.checkpoint_prefix),)
+        if plan.run.resume is None:
+            names = RUN_FILES + (checkpoint.last_name(plan.run.checkpoint_prefix),)
+            held = [f for f in sorted(set(names)) if os.path.exists(os.path.join(plan.run.output_dir, f))]
+            if held and plan.run.move_earlier_run:
+                notes += (move_earlier_run(plan.run.output_dir, plan.run.checkpoint_prefix),)
             elif held:
                 raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
-                                 "or choose another --output-dir".format(cfg.run.output_dir, ", ".join(held)))
+                                 "or choose another --output-dir".format(plan.run.output_dir, ", ".join(held)))
     except BaseException:
         held_lock.release()
         raise
@@ -98,7 +98,7 @@ def _sees(path):
         time.sleep(0.2)
 
 
-def node_writer(cfg, dist, device, log):
+def node_writer(plan, dist, device, log):
     """Decide, on every rank of the job together, whether this rank writes --output-dir.
 
     Returns (writes, lock or None, notes): rank 0 writes (its folder's lock is held by the launching process);
@@ -106,13 +106,13 @@ def node_writer(cfg, dist, device, log):
     A node whose folder cannot be taken (in use, or a new run into a folder holding one) stops every rank
     with that node's one line.
     """
-    if not dist.active or cfg.launch.nodes <= 1:
+    if not dist.active or plan.launch.nodes <= 1:
         return dist.is_main, None, ()
-    leader = (cfg.launch.local_rank or 0) == 0
+    leader = (plan.launch.local_rank or 0) == 0
     token = dist.broadcast_int(secrets.randbits(30), device)  # every rank calls it; rank 0's value wins
-    path = os.path.join(cfg.run.output_dir, TOKEN.format(token))
+    path = os.path.join(plan.run.output_dir, TOKEN.format(token))
     if dist.is_main:
-        os.makedirs(cfg.run.output_dir, exist_ok=True)
+        os.makedirs(plan.run.output_dir, exist_ok=True)
         open(path, "w").close()
     dist.barrier()
     own = leader and not dist.is_main and not _sees(path)
@@ -123,12 +123,12 @@ def node_writer(cfg, dist, device, log):
         except OSError:
             pass
     held, problem, notes = None, None, ()
-    if own and not cfg.run.evaluate:
+    if own and not plan.run.evaluate:
         try:
-            held, notes = take_folder(cfg)
+            held, notes = take_folder(plan)
         except UsageError as exc:
             problem = exc
-    bad = int(dist.max(cfg.launch.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1
+    bad = int(dist.max(plan.launch.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1
     if bad:
         if held is not None:
             held.release()
@@ -139,13 +139,13 @@ def node_writer(cfg, dist, device, log):
     owners = int(round(dist.sum(1.0 if own else 0.0, device)))
     if owners == 0:
         log("=> --output-dir '{}' is shared by all {} nodes: rank 0 writes the checkpoints and the summary".format(
-            cfg.run.output_dir, cfg.launch.nodes))
+            plan.run.output_dir, plan.launch.nodes))
     else:
         log("=> --output-dir: {} of {} nodes do not see rank 0's folder; each of them keeps its own checkpoints and "
-            "summary (written by its local rank 0) in its own --output-dir".format(owners, cfg.launch.nodes))
+            "summary (written by its local rank 0) in its own --output-dir".format(owners, plan.launch.nodes))
     if own:
         log("=> node {} writes its own checkpoints and summary in '{}' (not the folder rank 0 writes)".format(
-            cfg.launch.node_rank, cfg.run.output_dir), all_ranks=True)
+            plan.launch.node_rank, plan.run.output_dir), all_ranks=True)
     return dist.is_main or own, held, notes
 
 

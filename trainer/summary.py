@@ -14,24 +14,24 @@ EVAL_SUMMARY = "eval_summary.json"
 
 
 class RunSummary:
-    def __init__(self, cfg, path):
+    def __init__(self, plan, path):
         self.path = path
         self.t0 = time.time()
         self.started = False  # until the run starts, a failure leaves an existing summary alone
         self.data = {
-            "status": "running", "error": None, "arch": cfg.model.arch, "model": cfg.model.name, "device": None,
-            "world_size": cfg.launch.world_size, "global_batch_size": cfg.run.batch_size,
-            "per_device_batch_size": None, "lr": cfg.optim.lr, "epochs": cfg.run.epochs,
+            "status": "running", "error": None, "arch": plan.model.arch, "model": plan.model.name, "device": None,
+            "world_size": plan.launch.world_size, "global_batch_size": plan.run.batch_size,
+            "per_device_batch_size": None, "lr": plan.optim.lr, "epochs": plan.run.epochs,
             "epochs_completed": 0, "steps_per_epoch": None, "train_fps": None,
             "train_step_time_ms": None, "data_time_fraction": None,
             "train_acc1": None, "final_loss": None, "best_acc1": None, "final_acc1": None,
             "final_acc5": None, "val_images": None, "val_loss": None, "e2e_seconds": None,
-            "amp": None, "channels_last": cfg.model.channels_last, "data_backend": None, "data_fallback_images": None,
+            "amp": None, "channels_last": plan.model.channels_last, "data_backend": None, "data_fallback_images": None,
             "data_workers": None,
             "optimizer": None,
             "checkpoint": None, "best_checkpoint": None, "data_layout": None,
-            "train_images": None, "num_classes": None, "recipe": cfg.run.recipe,
-            "versions": devmod.versions(), "config": cfg.as_dict(), "notes": [],
+            "train_images": None, "num_classes": None, "recipe": plan.run.recipe,
+            "versions": devmod.versions(), "config": plan.as_dict(), "notes": [],
         }
 
     def update(self, **values):
@@ -49,13 +49,13 @@ class RunSummary:
         checkpoint.atomic_write(self.path, lambda f: f.write(text.encode()))
 
 
-def failed_start(cfg, exc):
+def failed_start(plan, exc):
     """A job that failed at its rendezvous (``exc`` a RendezvousError; other errors are left to the run): rank 0
     records its line as the error in a folder that holds no summary yet (one of a run to resume is left alone)."""
     from trainer.errors import one_line
     from trainer.rendezvous import RendezvousError
     if not isinstance(exc, RendezvousError):
         return
-    path = os.path.join(cfg.run.output_dir, EVAL_SUMMARY if cfg.run.evaluate else SUMMARY)
-    if cfg.launch.rank == 0 and not os.path.exists(path):
-        RunSummary(cfg, path).write("failed", one_line(exc))
+    path = os.path.join(plan.run.output_dir, EVAL_SUMMARY if plan.run.evaluate else SUMMARY)
+    if plan.launch.rank == 0 and not os.path.exists(path):
+        RunSummary(plan, path).write("failed", one_line(exc))
