@@ -300,6 +300,11 @@ def test_opt_level_and_loss_scale_are_none_unless_given():
     held = ampmod.resolve(apex.replace(opt_level="O1", loss_scale=64.0), None)
     assert (held.opt_level, held.loss_scale) == ("O1", 64.0)
     assert ampmod.resolve(apex.replace(loss_scale="dynamic"), None).loss_scale is None
+    # bfloat16 needs no scale: a --loss-scale typed is explained, a recipe's or ModelZoo entry's goes unmentioned
+    from trainer.device import Device
+    bf16 = PrecisionConfig(amp=True, amp_impl="native", amp_dtype="bfloat16", loss_scale=64.0)
+    assert "--loss-scale 64 is not used" in ampmod.resolve(bf16, Device.create("cpu")).note
+    assert "is not used" not in (ampmod.resolve(bf16.replace(preset=("loss_scale",)), Device.create("cpu")).note or "")
 
 
 # ---------------------------------------------------------------- metrics

@@ -129,7 +129,7 @@ def resolve(section, device, world_size=1, decide=None):
     probe = None
     if decide is not None and p.amp_dtype == "auto" and device.measures_amp_dtype:
         dtype, note, probe = decide(dtype, note)
-    if dtype != torch.float16 and scale is not None:
+    if dtype != torch.float16 and scale is not None and "loss_scale" not in p.preset:  # a flag typed is explained
         extra = "{} needs no loss scaling: --loss-scale {:g} is not used".format(
             "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", scale)
         note = extra if note is None else note + "; " + extra
