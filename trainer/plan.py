@@ -2,8 +2,9 @@
 
 The ``Config`` holds what the command line asked (None: not given). ``plan`` decides everything that follows from
 it and from this machine, in the order a reader expects, and checks every input of the run that parsing could
-not: where this process sits, the device kind, precision, the process group's backend, graph mode, the data set,
-the weights, the checkpoint to resume (read here, once per process), the memory format, the output folder. What it
+not: the device kind, where the processes sit (their batch, the process group's backend, the rendezvous), precision,
+graph mode, the data set, the weights, the checkpoint to resume (read here, once per process), the memory format,
+the output folder. What it
 decided travels in the ``Plan``; the notes on it (``note:`` lines, summary.json's "notes") are a field. Nothing
 here starts a process, touches a device or writes a file.
 

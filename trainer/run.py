@@ -29,7 +29,10 @@ def run(cfg, notes=(), amp_timer=None, env=None):
     held_lock, more = folders.hold_folder(plan)  # the process that starts rank 0 holds --output-dir
     plan = dataclasses.replace(plan, notes=plan.notes + more)
     try:
-        if plan.launch.mode == "spawn":  # each rank reads the plan's files for itself
+        if plan.launch.mode == "spawn":  # each rank reads the plan's files for itself: this process lets them go
+            for checked in (plan.weights, plan.resume):
+                if checked is not None:
+                    checked.release()
             return ranks.spawn(plan, functools.partial(worker, amp_timer=amp_timer))
         return worker(plan, amp_timer)
     finally:
