@@ -612,7 +612,7 @@ def _hccl_worker(rank, world, port, log):
     t = torch.tensor([rank + 1.0])
     dist.all_reduce(t)
     assert t.item() == 3.0 and dist.get_backend() == "hccl"
-    dist.destroy_process_group()
+    dist.all_reduce(torch.zeros(1))  # a barrier, and no destroy_process_group (see _saturation_worker)
 
 
 @check("ranks")
@@ -646,8 +646,9 @@ def _saturation_worker(rank, world, port):
         scaler.update()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "rank {} stepped".format(rank)
     assert scaler.get_scale() == 512.0
-    dist.all_reduce(torch.zeros(1))  # a barrier: neither rank tears the group down while the other still uses it
-    dist.destroy_process_group()
+    dist.all_reduce(torch.zeros(1))  # a barrier: neither rank leaves while the other still uses the group
+    # no destroy_process_group: on torch 2.1 gloo's teardown can wait forever on a peer that has gone (the group
+    # ends with the process)
 
 
 @check("ranks")
