@@ -602,7 +602,20 @@ def channel_shuffle_matches_reference():
         torch_npu.contrib.module.ChannelShuffle(9, groups=3)
 
 
-def _hccl_worker(rank, world, port, log):
+def _leave_together(done):
+    """The end of a two-rank check: both ranks meet in a collective, tear the group down where the torch needs it,
+    and wait for each other before exiting (``done``: a multiprocessing Barrier of the ranks). torch 2.14 aborts a
+    process that exits with its group up; torch 2.1's destroy_process_group of this registered backend hung in one
+    rank about one run in three here (the group ends with the process there)."""
+    import torch
+    import torch.distributed as dist
+    dist.all_reduce(torch.zeros(1))
+    if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 2):
+        dist.destroy_process_group()
+    done.wait(timeout=60)
+
+
+def _hccl_worker(rank, world, port, log, done):
     import torch
     import torch.distributed as dist
     import torch_npu  # noqa: F401
@@ -612,7 +625,7 @@ def _hccl_worker(rank, world, port, log):
     t = torch.tensor([rank + 1.0])
     dist.all_reduce(t)
     assert t.item() == 3.0 and dist.get_backend() == "hccl"
-    dist.all_reduce(torch.zeros(1))  # a barrier, and no destroy_process_group (see _saturation_worker)
+    _leave_together(done)
 
 
 @check("ranks")
@@ -622,13 +635,13 @@ def hccl_backend_works_across_processes():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = os.path.join(tempfile.mkdtemp(), "calls.jsonl")
-    mp.spawn(_hccl_worker, nprocs=2, args=(2, port, log))
+    mp.spawn(_hccl_worker, nprocs=2, args=(2, port, log, mp.get_context("spawn").Barrier(2)))
     calls = sorted(tuple(json.loads(x)["call"]) for x in open(log))
     assert calls == [("hccl.new_group", 0, 2), ("hccl.new_group", 1, 2),
                      ("set_device", "npu:0"), ("set_device", "npu:1")]
 
 
-def _saturation_worker(rank, world, port):
+def _saturation_worker(rank, world, port, done):
     import torch
     import torch.distributed as dist
     import torch_npu
@@ -646,9 +659,7 @@ def _saturation_worker(rank, world, port):
         scaler.update()
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "rank {} stepped".format(rank)
     assert scaler.get_scale() == 512.0
-    dist.all_reduce(torch.zeros(1))  # a barrier: neither rank leaves while the other still uses the group
-    # no destroy_process_group: on torch 2.1 gloo's teardown can wait forever on a peer that has gone (the group
-    # ends with the process)
+    _leave_together(done)
 
 
 @check("ranks")
@@ -657,7 +668,7 @@ def grad_scaler_saturation_mode_skips_on_every_rank_when_one_overflows():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_saturation_worker, nprocs=2, args=(2, port))
+    mp.spawn(_saturation_worker, nprocs=2, args=(2, port, mp.get_context("spawn").Barrier(2)))
 
 
 GROUP_ENV = {
