@@ -367,6 +367,16 @@ def test_a_killed_rank_is_blamed_rather_than_its_peers():
     assert ranks.failed() == 1 and ranks.supervise(poll=0.05) == 1
 
 
+def test_a_rank_that_named_its_failure_leaves_the_others_time_to_say_it(monkeypatch):
+    """A rendezvous timeout ends every spawned rank with exit 1 and one line from the rank that says it; under load
+    a quiet rank may exit first: it must not get the speaking one stopped."""
+    monkeypatch.setattr(supervision, "STOP_GRACE", 2.0)
+    ranks = ranks_of("sleep 0.5; exit 1", "exit 1")
+    assert ranks.supervise(poll=0.05, named=lambda r: True) == 0 and ranks.codes() == [1, 1]
+    ranks = ranks_of("sleep 0.5; exit 1", "exit 1")  # a failure that left a traceback stops the others at once
+    assert ranks.supervise(poll=0.05, named=lambda r: False) == 1 and ranks.codes() == [-signal.SIGTERM, 1]
+
+
 def test_a_rank_that_stops_in_order_leaves_the_others_time(monkeypatch):
     monkeypatch.setattr(supervision, "STOP_GRACE", 2.0)
     ranks = ranks_of("exit 2", "sleep 0.5; exit 2", "sleep 30")

@@ -90,13 +90,16 @@ class Ranks:
         for p in self.procs:
             (p.wait if hasattr(p, "wait") else p.join)()
 
-    def supervise(self, poll=0.2):
-        """Wait for every rank; once one failed, stop the others (a rank that stopped in ORDERLY fashion leaves
-        them STOP_GRACE to stop on their own first). Returns the rank to blame, or None."""
+    def supervise(self, poll=0.2, named=None):
+        """Wait for every rank; once one failed, stop the others (a rank that stopped in ORDERLY fashion, or with a
+        failure it named in one line: ``named(rank)``, leaves them STOP_GRACE to stop on their own first: a
+        rendezvous that timed out ends every rank, and the one that says so may not be the first to exit).
+        Returns the rank to blame, or None."""
         while self.running() and self.failed() is None:
             time.sleep(poll)
         blame = self.failed()
-        if blame is not None and self.codes()[blame] in ORDERLY:
+        if blame is not None and (self.codes()[blame] in ORDERLY or
+                                  (named is not None and self.codes()[blame] == 1 and named(blame))):
             self._settle(STOP_GRACE, poll)
             blame = self.failed()
         if self.running():
@@ -135,7 +138,7 @@ def spawn(plan, worker):
                                        name="spawn rank {}".format(i))
                 proc.start()
                 ranks.procs.append(proc)
-            r = ranks.supervise()
+            r = ranks.supervise(named=lambda i: not _take_trace(traces[i]))  # exit 1 without a traceback
     except Interrupted as exc:
         # Ctrl-C: the ranks are interrupted too (a terminal signals them already; kill -INT does not), so that
         # each ends as an interrupted run, summary written; SIGTERM is passed on as it came
