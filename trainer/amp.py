@@ -45,7 +45,7 @@ class Precision:
         return "float32" if self.dtype is None else str(self.dtype).replace("torch.", "")
 
     def describe(self):
-        """summary.json's "amp" of a run without an optimizer step (an evaluation)."""
+        """summary.json's "amp" of an evaluation (a training run's: OptimizerStep.describe, which adds to it)."""
         return {"enabled": self.enabled, "impl": self.impl, "requested_dtype": self.requested,
                 "dtype": self.dtype_name, "note": self.note, "probe": self.probe}
 
@@ -253,11 +253,10 @@ class OptimizerStep:
 
     def describe(self):
         p = self.precision
-        return {"enabled": p.enabled, "impl": p.impl, "requested_dtype": p.requested, "dtype": p.dtype_name,
-                "opt_level": p.opt_level,
-                "loss_scale": None if not p.scaled else ("dynamic" if p.loss_scale is None else p.loss_scale),
-                "final_loss_scale": self.loss_scale(), "overflow_steps": self.overflow_steps(),
-                "optimizer": self.name, "note": "; ".join(self.notes) or None, "probe": p.probe}
+        return dict(p.describe(), opt_level=p.opt_level,
+                    loss_scale=None if not p.scaled else ("dynamic" if p.loss_scale is None else p.loss_scale),
+                    final_loss_scale=self.loss_scale(), overflow_steps=self.overflow_steps(), optimizer=self.name,
+                    note="; ".join(self.notes) or None)  # the precision's note and the optimizer's
 
 
 class PlainStep(OptimizerStep):

@@ -216,9 +216,10 @@ def settle(section, kind, batch_size, environ=None):
     ``environ``: the environment the messages name. Returns (the launch section decided, notes)."""
     check_devices(section, kind, environ)
     world = section.world_size
-    if section.mode == "spawn":
-        ids = section.device_list or tuple(range(devmod.Device.of(kind).count()))
-        world = section.nodes * len(ids)
+    if section.mode == "spawn":  # one process per listed device, else per visible one
+        section = dataclasses.replace(section, device_list=section.device_list or tuple(
+            range(devmod.Device.of(kind).count())))
+        world = section.nodes * len(section.device_list)
     if batch_size % world:
         raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
             batch_size, world, world))

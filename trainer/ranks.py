@@ -11,7 +11,6 @@ import tempfile
 import time
 import traceback
 
-from trainer.device import Device
 from trainer.guard import EXIT_DIVERGED
 from trainer.launch import check_port_free, free_port
 
@@ -118,7 +117,7 @@ def spawn(plan, worker):
     user error, 4 for a divergence, 1 otherwise); Ctrl-C stops all of them (130, SIGTERM 143).
     """
     section = plan.launch
-    ids = section.device_list or tuple(range(Device.of(plan.kind).count()))
+    ids = section.device_list  # decided by the plan (launch.settle)
     nprocs = len(ids)
     port = section.port
     if section.dist_url.startswith("env://") and section.node_rank == 0:
