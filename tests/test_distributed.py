@@ -236,6 +236,18 @@ def test_a_spawned_ranks_traceback_reaches_the_user_once_and_the_others_stop(tmp
     assert err.strip().splitlines()[-1] == "error: local rank 1 failed (exit code 1); stopped the other ranks"
 
 
+def _describe(pid):
+    """A process for a failure message: pid, state, parent, command line."""
+    try:
+        with open("/proc/{}/stat".format(pid)) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/{}/cmdline".format(pid)) as f:
+            cmd = f.read().replace("\0", " ")[:120]
+        return "{} {} ppid {} {}".format(pid, fields[0], fields[1], cmd)
+    except OSError:
+        return "{} gone".format(pid)
+
+
 def _spawned_job(data70, tmp_path):
     """main.py with two spawned ranks, in a session of its own (a terminal's process group), SIGINT as a
     terminal has it; returns (Popen, rank pids, ranks and their data workers) once it trains."""
@@ -270,7 +282,8 @@ def test_ranks_end_with_their_killed_supervisor(data70, tmp_path):
     try:
         p.kill()  # SIGKILL: the supervisor cannot stop anything itself
         p.wait(timeout=30)
-        assert all(gone(q, within=30) for q in family), "ranks went on training without their supervisor"
+        left = [q for q in family if not gone(q, within=30)]
+        assert not left, "ranks went on training without their supervisor: " + "; ".join(map(_describe, left))
     finally:
         for q in family:
             try:

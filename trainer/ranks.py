@@ -1,7 +1,6 @@
 """The rank processes of a node: ``spawn`` (--multiprocessing-distributed) starts them, ``Ranks`` supervises
 them (spawn's and the ModelZoo drivers'): waits, names the rank to blame, stops the others, passes Ctrl-C
 on."""
-import ctypes
 import multiprocessing
 import os
 import shutil
@@ -13,6 +12,7 @@ import traceback
 
 from trainer.guard import EXIT_DIVERGED
 from trainer.launch import check_port_free, free_port
+from trainer.lifeline import die_with_parent
 
 
 STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
@@ -133,7 +133,7 @@ def spawn(plan, worker):
         with ranks:
             context = multiprocessing.get_context("spawn")
             for i in range(nprocs):
-                proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i]),
+                proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i], os.getpid()),
                                        name="spawn rank {}".format(i))
                 proc.start()
                 ranks.procs.append(proc)
@@ -171,25 +171,11 @@ def _take_trace(path):
         return ""
 
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(sig=signal.SIGTERM):
-    """Linux: the kernel sends ``sig`` to this process when its parent dies, so that no rank trains on
-    unsupervised after the supervisor was killed (elsewhere: nothing). SIGTERM ends the rank at once (ranks
-    leave it unhandled), also inside a collective that waits for a rank that is gone."""
-    try:
-        libc = ctypes.CDLL(None)
-        if hasattr(libc, "prctl"):
-            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _spawn_entry(local_index, plan, worker, trace_path):
+def _spawn_entry(local_index, plan, worker, trace_path, supervisor):
     """A spawned rank: run ``worker``, exit with its code. A raised exception's traceback goes to
-    ``trace_path`` for the supervisor to print once (the rank itself prints nothing), exit code 1."""
-    _die_with_parent()
+    ``trace_path`` for the supervisor to print once (the rank itself prints nothing), exit code 1. The rank
+    ends with its ``supervisor`` (a pid), also when that was killed: no rank trains on unsupervised."""
+    die_with_parent(signal.SIGTERM, supervisor)  # SIGTERM ends a rank at once (ranks leave it unhandled)
     plan = plan.placed(local_rank=local_index, rank=plan.launch.rank + local_index)
     try:
         code = worker(plan)

@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from trainer import lifeline
 from trainer.data.images import sample_seed
 
 
@@ -60,6 +61,7 @@ def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_
         # at least 4 batches under way per process (DataLoader's default 2 per worker leaves a lone worker
         # with 2): a slow file or a busy core then does not stall the step
         kwargs.update(persistent_workers=True, prefetch_factor=max(2, int(math.ceil(4.0 / workers))))
+        kwargs["worker_init_fn"] = lifeline.worker_init()  # the workers end with this process, however it ends
     if collate_fn is not None:
         kwargs["collate_fn"] = collate_fn
     return torch.utils.data.DataLoader(

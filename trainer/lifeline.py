@@ -1,0 +1,38 @@
+"""A process ends with the one that started it (Linux; elsewhere nothing happens).
+
+A spawned rank ends with its supervisor, and a data-loader worker ends with its rank, also when the parent was
+killed (``kill -9``, the out-of-memory killer) and could stop nothing itself. The kernel sends the signal
+(``PR_SET_PDEATHSIG``). Right after arming it, the child checks that its parent is still the one that started
+it: a parent that died before that moment sends nothing.
+
+DataLoader's own watchdog does not cover that moment: a worker whose rank dies before the worker has set the
+watchdog up keeps waiting for work, without end (``tests/test_data.py`` shows it with torch's own loader).
+"""
+import ctypes
+import functools
+import os
+import signal
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig, parent_pid):
+    """The kernel sends ``sig`` to this process when its parent ends; if ``parent_pid`` (the process that
+    started this one) has ended already, this process ends now, with ``sig``."""
+    try:
+        libc = ctypes.CDLL(None)
+        if hasattr(libc, "prctl"):
+            libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
+
+
+def _worker_init(parent_pid, worker_id):
+    die_with_parent(signal.SIGKILL, parent_pid)  # a worker holds nothing to save
+
+
+def worker_init():
+    """A DataLoader ``worker_init_fn`` for a loader this process iterates: each worker ends with this process."""
+    return functools.partial(_worker_init, os.getpid())
