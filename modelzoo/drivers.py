@@ -10,6 +10,7 @@ driver per node, its processes started as the guide's loop on a node (LOCAL_RANK
 Exit codes: 0 done, 1 the run failed, 2 bad input (one line on stderr), 3 a baseline check failed,
 4 the run diverged, 130 / 143 interrupted.
 """
+import functools
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ import time
 
 from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage
 from trainer.errors import UsageError
+from trainer.lifeline import die_with_parent
 
 # ---------------------------------------------------------------- launch and supervise
 
@@ -46,9 +48,10 @@ def rank_env(p, r, port, env):
     return e
 
 
-def _child_setup():
+def _child_setup(driver_pid):
     os.setsid()  # each rank in its own process group: stopped as a whole, data loader workers included
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # a rank must see Ctrl-C even if we started with it ignored
+    die_with_parent(signal.SIGTERM, driver_pid)  # a driver killed (kill -9) stops nothing: the kernel does
 
 
 def start_ranks(p, cmd, env, ranks):
@@ -61,7 +64,8 @@ def start_ranks(p, cmd, env, ranks):
         log = os.path.join(p.output_dir, "train_{}.log".format(r))
         with open(log, "ab" if p.output_action == "keep" else "wb") as f:
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=rank_env(p, r, port, env), preexec_fn=_child_setup)
+                                    env=rank_env(p, r, port, env),
+                                    preexec_fn=functools.partial(_child_setup, os.getpid()))
         ranks.procs.append(proc)
         logs.append(log)
         if p.scale == "1p":

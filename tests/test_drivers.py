@@ -269,6 +269,26 @@ def test_ctrl_c_stops_every_rank(imagenet_small, tmp_path):
     assert all(gone(p) for p in pids)
 
 
+@RANKS
+def test_ranks_end_with_their_killed_driver(imagenet_small, tmp_path):
+    out = tmp_path / "driver_killed"
+    proc = start_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
+                                             "--rank_size=2", "--batch_size=8", "--epochs=100000", "--workers=0",
+                                             "--output_dir=" + str(out)] + TINY_IMAGES)
+    pids = []
+    try:
+        pids = wait_for_ranks(proc, 2)
+        proc.kill()  # SIGKILL: the driver cannot stop its ranks itself (each leads a process group of its own)
+        proc.wait(timeout=30)
+        assert all(gone(p, within=30) for p in pids), "ranks went on training without their driver"
+    finally:
+        for p in pids:
+            try:
+                os.killpg(p, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 # ---------------------------------------------------------------- the NPU launch, on the fake torch_npu
 
 
