@@ -220,12 +220,17 @@ def test_performance_1p_recipe_mapping_and_failed_baseline(imagenet_small, tmp_p
 # ---------------------------------------------------------------- failures and interruption
 
 
+def start_8p_two_ranks(data, out, epochs, extra=()):
+    """train_full_8p.sh with two tiny_cnn ranks on the CPU, for ``epochs`` epochs (running: Popen)."""
+    return start_driver("train_full_8p.sh", ["--data_path=" + data, "--arch=tiny_cnn", "--device=cpu",
+                                             "--rank_size=2", "--batch_size=8", "--epochs={}".format(epochs),
+                                             "--workers=0", "--output_dir=" + str(out)] + TINY_IMAGES + list(extra))
+
+
 @RANKS
 def test_8p_rank_killed_stops_the_others_and_names_it(imagenet_small, tmp_path):
     out = tmp_path / "killed"
-    proc = start_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
-                                             "--rank_size=2", "--batch_size=8", "--epochs=200", "--workers=0",
-                                             "--output_dir=" + str(out)] + TINY_IMAGES + ["--dist-timeout", "60"])
+    proc = start_8p_two_ranks(imagenet_small, out, 200, ["--dist-timeout", "60"])
     try:
         pids = wait_for_ranks(proc, 2)
         os.kill(pids[1], signal.SIGKILL)  # rank 1 dies, as under the OOM killer
@@ -253,9 +258,7 @@ def test_rank_usage_error_exits_2_with_its_message(imagenet_small, tmp_path):
 @RANKS
 def test_ctrl_c_stops_every_rank(imagenet_small, tmp_path):
     out = tmp_path / "interrupted"
-    proc = start_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
-                                             "--rank_size=2", "--batch_size=8", "--epochs=200", "--workers=0",
-                                             "--output_dir=" + str(out)] + TINY_IMAGES)
+    proc = start_8p_two_ranks(imagenet_small, out, 200)
     try:
         pids = wait_for_ranks(proc, 2)
         time.sleep(1.0)
@@ -272,9 +275,7 @@ def test_ctrl_c_stops_every_rank(imagenet_small, tmp_path):
 @RANKS
 def test_ranks_end_with_their_killed_driver(imagenet_small, tmp_path):
     out = tmp_path / "driver_killed"
-    proc = start_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=cpu",
-                                             "--rank_size=2", "--batch_size=8", "--epochs=100000", "--workers=0",
-                                             "--output_dir=" + str(out)] + TINY_IMAGES)
+    proc = start_8p_two_ranks(imagenet_small, out, 100000)  # still training when the driver is killed
     pids = []
     try:
         pids = wait_for_ranks(proc, 2)
