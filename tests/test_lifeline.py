@@ -29,13 +29,14 @@ os.kill(os.getpid(), signal.SIGKILL)
 def _workers_left(first, wait, within):
     code = _KILLED_WITH_WORKERS.format(root=ROOT, first=first, wait=wait)
     p = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    pids = []
     try:
         pids = [int(x) for x in p.stdout.readline().split()]
         p.wait(timeout=60)
         assert pids, "the loader started no worker"
         return [q for q in pids if not gone(q, within=within)]
     finally:
-        for q in locals().get("pids", []):
+        for q in pids:
             try:
                 os.kill(q, 9)
             except OSError:

@@ -1,12 +1,13 @@
-"""A process ends with the one that started it (Linux; elsewhere nothing happens).
+"""A process ends with the one that started it (the kernel's ``PR_SET_PDEATHSIG``: Linux; elsewhere only the
+check below).
 
-A spawned rank ends with its supervisor, and a data-loader worker ends with its rank, also when the parent was
-killed (``kill -9``, the out-of-memory killer) and could stop nothing itself. The kernel sends the signal
-(``PR_SET_PDEATHSIG``). Right after arming it, the child checks that its parent is still the one that started
+Spawn's ranks end with their supervisor, the ModelZoo drivers' ranks with their driver, and every data-loader
+worker with its rank, also when the parent was killed (``kill -9``, the out-of-memory killer) and could stop
+nothing itself. Right after arming the signal, the child checks that its parent is still the one that started
 it: a parent that died before that moment sends nothing.
 
 DataLoader's own watchdog does not cover that moment: a worker whose rank dies before the worker has set the
-watchdog up keeps waiting for work, without end (``tests/test_data.py`` shows it with torch's own loader).
+watchdog up keeps waiting for work, without end (``tests/test_lifeline.py`` shows it with torch's own loader).
 """
 import ctypes
 import functools
