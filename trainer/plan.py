@@ -86,10 +86,11 @@ def plan(cfg, env=None, notes=()):
     # the data set, and the classifier's size against its class folders
     if not cfg.data.dummy:
         data.check_data_root(cfg.data.root, need_train=not run.evaluate)
-        found = len(data.class_folders(cfg.data.root)) if cfg.model.num_classes is not None else 0
-        if cfg.model.num_classes is not None and cfg.model.num_classes < found:
-            raise UsageError("--num-classes {} is below the {} class folders in the data".format(
-                cfg.model.num_classes, found))
+        if cfg.model.num_classes is not None:
+            found = len(data.class_folders(cfg.data.root))
+            if cfg.model.num_classes < found:
+                raise UsageError("--num-classes {} is below the {} class folders in the data".format(
+                    cfg.model.num_classes, found))
 
     # the weights: --pretrained FILE, or torchvision's published ones (downloaded into torch's cache)
     weights = cfg.model.pretrained
