@@ -148,7 +148,7 @@ def test_pretrained_that_does_not_fit(capsys, tmp_path, shapes):
     path = tmp_path / "w.pth"
     torch.save(torchvision.models.resnet18(num_classes=1000).state_dict(), str(path))
     check([shapes, "-a", "resnet18", "--pretrained", str(path), "--output-dir", str(tmp_path / "o")] + SMALL,
-          capsys, "do not fit this model", "fc.weight")
+          capsys, "do not fit --arch resnet18 with 10 classes", "fc.weight")
 
 
 def test_batch_not_dividing_over_processes(capsys):

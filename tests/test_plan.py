@@ -4,10 +4,10 @@ import os
 import pickle
 
 import pytest
-import torch
 
 from trainer import checkpoint
 from trainer.config import parse_config
+from trainer.device import Device
 from trainer.errors import UsageError
 from trainer.plan import Plan, plan
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _cfg(*argv):
-    return parse_config(["--dummy", "--device", "auto"] + list(argv), env={}).cfg
+    return parse_config(["--dummy", "--device", "cpu"] + list(argv), env={}).cfg
 
 
 def test_the_config_stays_as_asked_and_the_plan_carries_the_decisions(tmp_path):
@@ -24,16 +24,23 @@ def test_the_config_stays_as_asked_and_the_plan_carries_the_decisions(tmp_path):
     p = plan(cfg, env={})
     assert p.cfg is cfg  # untouched: nothing rebuilt it
     assert (cfg.launch.device, cfg.model.channels_last, cfg.precision.amp_impl, cfg.launch.dist_backend) == \
-        ("auto", None, "auto", "hccl")
+        ("cpu", None, "auto", "hccl")
     assert p.kind == p.launch.device == "cpu" and p.launch.dist_backend == "gloo"  # hccl is the NPU's library
     assert p.model.channels_last is True and p.precision.amp_impl == "native"  # the CPU's choices
     assert any("--dist-backend hccl is the NPU collective library" in n for n in p.notes)
     assert (p.run, p.data, p.optim) == (cfg.run, cfg.data, cfg.optim)  # the sections decided as asked
     record = p.as_dict()
     assert (record["device"], record["channels_last"], record["amp_impl"]) == ("cpu", True, "native")
-    assert cfg.as_dict()["device"] == "auto"
+    assert cfg.as_dict()["channels_last"] is None
     assert not os.path.exists(out)  # the plan writes nothing
     assert plan(cfg, env={}) == p  # a function of (cfg, env)
+
+
+def test_device_auto_is_decided_by_the_plan_and_the_config_keeps_auto():
+    cfg = parse_config(["--dummy", "--device", "auto"], env={}).cfg
+    p = plan(cfg, env={})
+    assert cfg.launch.device == "auto" and cfg.as_dict()["device"] == "auto"
+    assert p.kind == p.launch.device == Device.resolve_kind("auto") and p.as_dict()["device"] == p.kind
 
 
 def test_parsings_notes_come_first():
@@ -55,14 +62,15 @@ def test_a_spawned_rank_gets_the_plan_of_its_place():
 
 def test_the_checkpoint_to_resume_is_read_by_the_plan_and_travels_to_a_spawned_rank_empty(tmp_path):
     out = str(tmp_path)
-    state = {"epoch": 2, "arch": "resnet50", "state_dict": {"w": torch.ones(1)}, "best_acc1": 1.0}
+    import models
+    state = {"epoch": 2, "arch": "tiny_cnn", "state_dict": models.get_model("tiny_cnn").state_dict(), "best_acc1": 1.0}
     checkpoint.save(state, os.path.join(out, "checkpoint.pth.tar"))
-    p = plan(_cfg("--resume", "auto", "--output-dir", out, "--epochs", "3"), env={})
+    p = plan(_cfg("-a", "tiny_cnn", "--resume", "auto", "--output-dir", out, "--epochs", "3"), env={})
     assert p.resume.path == os.path.join(out, "checkpoint.pth.tar") and p.resume._contents["epoch"] == 2
     sent = pickle.loads(pickle.dumps(p))  # what spawn hands a rank
     assert isinstance(sent, Plan) and sent.resume._contents is None and sent.run == p.run
     with pytest.raises(UsageError, match="has completed 2 epoch"):
-        plan(_cfg("--resume", "auto", "--output-dir", out, "--epochs", "2"), env={})
+        plan(_cfg("-a", "tiny_cnn", "--resume", "auto", "--output-dir", out, "--epochs", "2"), env={})
 
 
 def test_every_input_check_of_the_machine_is_the_plans(tmp_path):

@@ -127,44 +127,82 @@ def state_dict_of(obj, path):
     return strip_module(sd)
 
 
-def check_fits(model, sd, what):
-    """UsageError ``<what>: <which keys differ>`` unless ``sd`` loads into ``model`` strictly."""
-    own = model.state_dict()
+def shapes_of(model):
+    """{name: shape} of a module's state dict (or of a state dict)."""
+    sd = model.state_dict() if hasattr(model, "state_dict") else model
+    return {k: tuple(v.shape) for k, v in sd.items()}
+
+
+def model_shapes(name, num_classes):
+    """{name: shape} of the state dict of model ``name`` with ``num_classes`` classes, built without memory where
+    this torch can (the meta device) to check a file against it before anything is loaded."""
+    import models
+    with devmod.without_storage():
+        return shapes_of(models.get_model(name, num_classes=num_classes))
+
+
+def published_head(own, sd):
+    """The keys of ``sd`` whose leading size alone differs from ``own`` ({name: shape}): the classifier of
+    torchvision's published weights for another class count."""
+    return [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k])
+            and sd[k].dim() >= 1 and len(own[k]) >= 1 and tuple(sd[k].shape[1:]) == tuple(own[k][1:])]
+
+
+def check_fits(model, sd, what, hint="check --arch and --num-classes", skip=()):
+    """UsageError ``<what>: <which keys differ>; <hint>`` unless ``sd`` loads into ``model`` (a module, or its
+    {name: shape}) strictly; keys in ``skip`` are not compared."""
+    own = model if isinstance(model, dict) else shapes_of(model)
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
-    shapes = [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k].shape)]
+    shapes = [k for k in sd if k in own and k not in skip and tuple(sd[k].shape) != tuple(own[k])]
     if missing or unexpected or shapes:
         parts = []
         if shapes:
             parts.append("shape differs for {} (e.g. {}: file {} vs model {})".format(
-                len(shapes), shapes[0], tuple(sd[shapes[0]].shape), tuple(own[shapes[0]].shape)))
+                len(shapes), shapes[0], tuple(sd[shapes[0]].shape), tuple(own[shapes[0]])))
         if missing:
             parts.append("{} missing (e.g. {})".format(len(missing), missing[0]))
         if unexpected:
             parts.append("{} unexpected (e.g. {})".format(len(unexpected), unexpected[0]))
-        raise UsageError("{}: {}; check --arch and --num-classes".format(what, "; ".join(parts)))
+        raise UsageError("{}: {}; {}".format(what, "; ".join(parts), hint))
+
+
+def check_checkpoints(weights, resume, published, own, about):
+    """Before any rank starts (trainer/plan.py), every file that loads into the model fits it: ``weights``
+    (--pretrained, a File), ``resume`` (--resume or --evaluate's checkpoint, a File), against ``own`` ({name:
+    shape}: the model this run builds; ``about``: its description, e.g. "--arch resnet18 with 10 classes (the
+    data's class folders)"). torchvision's published weights (``published``) may differ in the classifier alone.
+    Returns the notes."""
+    notes = []
+    if weights is not None:
+        sd = state_dict_of(weights.load(), weights.path)
+        head = published_head(own, sd) if published else []
+        if head:
+            notes.append("--pretrained: torchvision's weights are for {} classes and this model has {}: the backbone "
+                         "is loaded, the classifier ({}) starts newly initialised".format(
+                             sd[head[0]].shape[0], own[head[0]][0], ", ".join(head)))
+        check_fits(own, sd, "weights '{}' do not fit {}".format(weights.path, about), skip=head)
+    if resume is not None:
+        ckpt = resume.load()
+        sd = state_dict_of(ckpt, resume.path)
+        saved = ckpt.get("num_classes") if isinstance(ckpt, dict) else None
+        hint = ("it was trained with {} classes: use data of {} classes, or --num-classes {}".format(
+            saved, saved, saved) if isinstance(saved, int) else "check --arch and --num-classes")
+        check_fits(own, sd, "checkpoint '{}' does not fit {}".format(resume.path, about), hint=hint)
+    return tuple(notes)
 
 
 def load_weights_into(model, weights, published=False):
-    """--pretrained FILE (``weights``: a File, or a path): strict load with a one-line explanation on mismatch.
-    ``published`` (torchvision's weights, --pretrained alone): a classifier of another class count is left as
-    built (newly initialised) and the note saying so is returned."""
+    """--pretrained FILE (``weights``: a File, or a path) into ``model``, checked by the plan
+    (``check_checkpoints``). ``published`` (torchvision's weights, --pretrained alone): a classifier of another
+    class count is left as built (newly initialised)."""
     weights = weights if isinstance(weights, File) else File(weights, "weights file")
-    path = weights.path
-    sd = state_dict_of(weights.load(), path)
-    note = None
+    sd = state_dict_of(weights.load(), weights.path)
     if published:
         own = model.state_dict()
-        head = [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k].shape)
-                and sd[k].dim() >= 1 and own[k].dim() >= 1 and sd[k].shape[1:] == own[k].shape[1:]]
-        if head:
-            note = "--pretrained: torchvision's weights are for {} classes and this model has {}: the backbone is " \
-                   "loaded, the classifier ({}) starts newly initialised".format(
-                       sd[head[0]].shape[0], own[head[0]].shape[0], ", ".join(head))
-            sd = dict((k, own[k] if k in head else v) for k, v in sd.items())
-    check_fits(model, sd, "weights '{}' do not fit this model".format(path))
+        head = published_head(shapes_of(own), sd)
+        sd = dict((k, own[k] if k in head else v) for k, v in sd.items())
     model.load_state_dict(sd, strict=True)
-    return note
 
 
 def published_weights(arch, model):

@@ -3,10 +3,10 @@
 The ``Config`` holds what the command line asked (None: not given). ``plan`` decides everything that follows from
 it and from this machine, in the order a reader expects, and checks every input of the run that parsing could
 not: the device kind, where the processes sit (their batch, the process group's backend, the rendezvous), precision,
-graph mode, the data set, the weights, the checkpoint to resume (read here, once per process), the memory format,
-the output folder. What it
-decided travels in the ``Plan``; the notes on it (``note:`` lines, summary.json's "notes") are a field. Nothing
-here starts a process, touches a device or writes a file.
+graph mode, the data set, the weights, the checkpoint to resume (read here, once per process), whether those files
+fit the model, the memory format, the output folder. What it decided travels in the ``Plan``; the notes on it
+(``note:`` lines, summary.json's "notes") are a field. Nothing here starts a process or touches a device; the one
+file it may write is torchvision's published weights (``--pretrained`` alone), downloaded into torch's cache.
 
 A ``Plan`` answers as the config does (``plan.run.epochs``, ``plan.launch.world_size``): the sections it decided
 (``launch``, ``model``, ``precision``) carry the decisions, the others are the config's as asked; ``plan.cfg`` is
@@ -84,13 +84,16 @@ def plan(cfg, env=None, notes=()):
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
 
     # the data set, and the classifier's size against its class folders
+    num_classes, classes_from = cfg.model.num_classes, "--num-classes"
     if not cfg.data.dummy:
         data.check_data_root(cfg.data.root, need_train=not run.evaluate)
-        if cfg.model.num_classes is not None:
-            found = len(data.class_folders(cfg.data.root))
-            if cfg.model.num_classes < found:
-                raise UsageError("--num-classes {} is below the {} class folders in the data".format(
-                    cfg.model.num_classes, found))
+        found = len(data.class_folders(cfg.data.root))
+        if num_classes is None:
+            num_classes, classes_from = found, "the data's class folders"
+        elif num_classes < found:
+            raise UsageError("--num-classes {} is below the {} class folders in the data".format(num_classes, found))
+    elif num_classes is None:
+        num_classes, classes_from = 1000, "--dummy data"
 
     # the weights: --pretrained FILE, or torchvision's published ones (downloaded into torch's cache)
     weights = cfg.model.pretrained
@@ -103,13 +106,18 @@ def plan(cfg, env=None, notes=()):
     # the checkpoint to resume (or to evaluate): read once, carried in the plan
     resume = checkpoint.resolve_resume(run.resume, run.output_dir, run.checkpoint_prefix)
     resume = checkpoint.File(resume) if resume is not None else None
-    if resume is not None and run.evaluate:
-        checkpoint.state_dict_of(resume.load(), resume.path)
-    elif resume is not None:
+    if resume is not None and not run.evaluate:
         done = checkpoint.read_training(resume, cfg.model.arch).epoch
         if done >= run.epochs:
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
                              "--epochs to continue)".format(resume.path, done, run.epochs))
+
+    # every file that loads into the model fits it: the weights, the checkpoint to resume or evaluate
+    if weights is not None or resume is not None:
+        own = checkpoint.model_shapes(cfg.model.name, num_classes)
+        notes += checkpoint.check_checkpoints(weights, resume, cfg.model.pretrained_published, own,
+                                              "--arch {} with {} classes ({})".format(
+                                                  cfg.model.arch, num_classes, classes_from))
 
     # the memory format: the device's where not asked
     channels_last = cfg.model.channels_last

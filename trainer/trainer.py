@@ -56,7 +56,7 @@ class Trainer(Loops):
             plan.data, device, data.Sampling(self.batch_per_rank, dist.rank, world, self.workers, self.seed),
             need_train=not run.evaluate, channels_last=plan.model.channels_last, num_classes=plan.model.num_classes)
         self.num_classes = plan.model.num_classes or self.info.num_classes
-        self.model = build_model(plan.model, self.num_classes, device, world, log, plan.weights)
+        self.model = build_model(plan.model, self.num_classes, device, world, plan.weights)
         self.precision = amp.resolve(plan.precision, device, world, amp_probe.for_run(
             plan, self.model, device, dist, self.batch_per_rank, timer=amp_timer))
         log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
@@ -256,13 +256,9 @@ class Trainer(Loops):
         """--evaluate: one validation of the weights given (--resume FILE, --pretrained, or as initialised)."""
         plan, log, summary = self.plan, self.log, self.summary
         if plan.resume is not None:
-            sd = checkpoint.state_dict_of(plan.resume.load(), plan.resume.path)
+            sd = checkpoint.state_dict_of(plan.resume.load(), plan.resume.path)  # checked by the plan
             plan.resume.release()
-            try:
-                self.model.load_state_dict(sd)
-            except RuntimeError as exc:
-                raise UsageError("'{}' does not fit --arch {} with {} classes ({})".format(
-                    plan.resume.path, plan.model.arch, model_num_classes(self.model), str(exc).splitlines()[0][:160]))
+            self.model.load_state_dict(sd)
             log("=> evaluating '{}'".format(plan.resume.path))
         elif plan.model.pretrained is None:
             log("warning: --evaluate without --resume or --pretrained evaluates randomly initialised weights")
@@ -277,7 +273,7 @@ class Trainer(Loops):
         return 0
 
 
-def build_model(section, num_classes, device, world, log=None, weights=None):
+def build_model(section, num_classes, device, world, weights=None):
     """The model of the model section (a config.ModelConfig, as the plan decided it) on ``device``: built, its
     --pretrained weights (``weights``: a checkpoint.File) loaded (a note about them goes to ``log``), SyncBatchNorm
     where asked in a job of ``world`` processes, channels-last where chosen."""
@@ -289,11 +285,9 @@ def build_model(section, num_classes, device, world, log=None, weights=None):
             section.arch, str(exc).splitlines()[0]))
     if weights is None and section.pretrained is not None:
         weights = checkpoint.File(section.pretrained, "weights file")
-    if weights is not None:
-        note = checkpoint.load_weights_into(model, weights, published=section.pretrained_published)
+    if weights is not None:  # checked against this model by the plan (checkpoint.check_checkpoints)
+        checkpoint.load_weights_into(model, weights, published=section.pretrained_published)
         weights.release()
-        if note and log is not None:
-            log("note: " + note)
     if hasattr(model, "set_index_dtype"):
         model.set_index_dtype(device.index_dtype)
     if section.sync_bn and world > 1:

@@ -59,6 +59,13 @@ def out_of_memory(exc):
     return isinstance(exc, RuntimeError) and any(t in str(exc) for t in _OUT_OF_MEMORY)
 
 
+def without_storage():
+    """A context in which modules are built on the meta device (shapes, no memory, no initialisation cost):
+    torch >= 2.0 (``torch.device`` as a context manager); on older torch nothing changes (built on the CPU)."""
+    meta = torch.device("meta")
+    return meta if hasattr(meta, "__enter__") else contextlib.nullcontext()
+
+
 def torch_load(path, map_location="cpu", weights_only=True):
     """torch.load with ``weights_only`` where this torch has it (>= 1.13). torch 2.0-2.2's weights-only
     unpickler warns "TypedStorage is deprecated" on every file (its own use, nothing of the caller's):
