@@ -19,7 +19,8 @@ from trainer.device import host as hostmod
 pytestmark = pytest.mark.timeout(300)
 
 CPU = Device("cpu", None)
-TINY = ["-a", "tiny_cnn", "-b", "8", "--epochs", "1", "--max-steps-per-epoch", "2", "--seed", "1"] + SMALL
+TINY = ["-a", "tiny_cnn", "--device", "cpu", "-b", "8", "--epochs", "1", "--max-steps-per-epoch", "2",
+        "--seed", "1"] + SMALL
 
 
 def forced(float32_s, bfloat16_s, calls):
@@ -112,7 +113,8 @@ def test_no_native_bfloat16_trains_float32_without_measuring(shapes, tmp_path, c
 def test_evaluate_measures_the_forward_at_the_validation_crop(shapes, tmp_path, capsys, native_bf16):
     calls = []
     rc, out, err = train_in_process([shapes, "--amp", "-e", "--output-dir", tmp_path / "ev", "-a", "tiny_cnn",
-                                     "-b", "8", "--val-resize-size", "40", "--val-crop-size", "36", "-j", "0"],
+                                     "--device", "cpu", "-b", "8", "--val-resize-size", "40", "--val-crop-size", "36",
+                                     "-j", "0"],
                                     capsys, forced(0.1, 0.05, calls))
     assert rc == 0, err[-3000:]
     s = read_summary(tmp_path / "ev", "eval_summary.json")

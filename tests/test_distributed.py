@@ -215,10 +215,10 @@ def test_killing_one_rank_stops_the_job(data70, tmp_path):
 
 
 def crash_on_rank_1(plan):
-    """A rank body for spawn: local rank 1 raises, the others would run a minute."""
+    """A rank body for spawn: local rank 1 raises, the others would run past the test's time limit."""
     if plan.launch.local_rank == 1:
         raise RuntimeError("injected failure on local rank {}".format(plan.launch.local_rank))
-    time.sleep(60)
+    time.sleep(600)
     return 0
 
 
@@ -227,10 +227,9 @@ def test_a_spawned_ranks_traceback_reaches_the_user_once_and_the_others_stop(tmp
     from trainer.plan import plan
     cfg = config.parse_config(["--dummy", "--device", "cpu", "--multiprocessing-distributed", "--device-list",
                                "0,1", "--port", "0", "-b", "8", "--output-dir", str(tmp_path)], env={}).cfg
-    t0 = time.time()
     code = ranks.spawn(plan(cfg, env={}), crash_on_rank_1)
     err = capfd.readouterr().err
-    assert code == 1 and time.time() - t0 < 40, (code, err)
+    assert code == 1, (code, err)
     assert err.count("RuntimeError: injected failure on local rank 1") == 1, err
     assert "Traceback" in err and "in crash_on_rank_1" in err
     assert err.strip().splitlines()[-1] == "error: local rank 1 failed (exit code 1); stopped the other ranks"

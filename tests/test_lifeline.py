@@ -1,7 +1,9 @@
 """A process ends with the one that started it (trainer/lifeline.py): a data loader's workers with their rank,
 also a rank killed while its workers were still starting (torch's own watchdog then waits forever), and a
 process whose parent was gone before it could arm the signal."""
+import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -25,34 +27,51 @@ print(" ".join(str(w.pid) for w in batches._workers), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
+# Adopts the orphans of the process it starts (PR_SET_CHILD_SUBREAPER) and prints how each worker ended: by a
+# signal (-N) or with an exit code; a worker still running after 60 s is left out (and killed).
+_REAPER = r"""
+import ctypes, json, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+p = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+pids = [int(x) for x in p.stdout.readline().split()]
+p.wait()
+ended, deadline = {}, time.monotonic() + 60
+while len(ended) < len(pids) and time.monotonic() < deadline:
+    pid, status = os.waitpid(-1, os.WNOHANG)
+    if pid == 0:
+        time.sleep(0.02)
+    elif pid in pids:
+        ended[pid] = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+for pid in set(pids) - set(ended):
+    os.kill(pid, 9)
+print(json.dumps({"workers": len(pids), "ended": sorted(ended.values())}), flush=True)
+"""
 
-def _workers_left(first, wait, within):
+
+def _workers_end(first, wait):
+    """Start a loader's workers in a process, kill that process with SIGKILL; how each of its workers ended."""
     code = _KILLED_WITH_WORKERS.format(root=ROOT, first=first, wait=wait)
-    p = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    pids = []
-    try:
-        pids = [int(x) for x in p.stdout.readline().split()]
-        p.wait(timeout=60)
-        assert pids, "the loader started no worker"
-        return [q for q in pids if not gone(q, within=within)]
-    finally:
-        for q in pids:
-            try:
-                os.kill(q, 9)
-            except OSError:
-                pass
+    p = subprocess.run([PY, "-c", _REAPER, code], capture_output=True, text=True, timeout=100,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["workers"], "the loader started no worker"
+    return got
 
 
 def test_a_loaders_workers_end_at_once_with_their_killed_process():
-    # the worker is idle in its queue's 5 s wait: torch's watchdog would notice the loss seconds later
-    assert _workers_left("next(batches)", "time.sleep(1)", within=2.5) == []
+    # the worker is idle in its queue's 5 s wait: torch's watchdog would notice the loss later and exit (code 0);
+    # the lifeline's SIGKILL ends each at once
+    got = _workers_end("next(batches)", "time.sleep(1)")
+    assert got["ended"] == [-signal.SIGKILL] * got["workers"], got
 
 
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_process_killed_while_its_workers_start_leaves_none_behind(attempt):
     # killed right after the workers were forked: before this project's worker_init, most of them (4 of 6
-    # here) had not set torch's watchdog up yet and waited for work forever
-    assert _workers_left("", "", within=10) == []
+    # here) had not set torch's watchdog up yet and waited for work forever (left out of "ended")
+    got = _workers_end("", "")
+    assert len(got["ended"]) == got["workers"], got
 
 
 def test_a_process_whose_parent_is_gone_before_it_arms_the_signal_ends(tmp_path):
