@@ -208,8 +208,8 @@ class NpuDevice(Device):
             npu_module().npu.set_rng_state(state.cpu())
 
     def profiler_activities(self):
-        """torch_npu's profiler; where torch_npu has none (1.11), the guide's
-        ``torch.autograd.profiler.profile(use_npu=True)``, whose ``key_averages`` gives the op table."""
+        """torch_npu's profiler; where the installed torch_npu has none (the 1.11 builds before it was added), the
+        guide's ``torch.autograd.profiler.profile(use_npu=True)``, whose ``key_averages`` gives the op table."""
         prof = getattr(npu_module(), "profiler", None)
         if prof is None:
             return shims.autograd_profiler(use_npu=True), ["cpu", self.kind]
