@@ -1,6 +1,7 @@
 """The ModelZoo-style drivers behind test/train_{full,performance}_{1p,8p,16p}.sh and test/train_cluster.sh: the plan
 of the run (modelzoo/plan.py: arguments, recipe, output folder, command line), one main.py process per device started
-the Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK, a log per rank; each rank binds its own cores),
+the Ascend guides' way (RANK_ID / RANK_SIZE / LOCAL_RANK: the rank's slot on the node, DEVICE_ID: its device; a
+log per rank; each rank binds its own cores; with RANK_TABLE_FILE the devices are this host's in the table),
 supervision of those processes, and the ModelZoo report (modelzoo/acceptance.py). Several nodes (16p, cluster): one
 driver per node, its processes started as the guide's loop on a node (LOCAL_RANK, --multiprocessing-distributed
 --world-size NODES --rank NODE), rank = node rank x processes per node + local rank; node 0 writes the results.
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage
+from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage, within
 from trainer.errors import UsageError
 from trainer.lifeline import die_with_parent
 
@@ -45,6 +46,8 @@ def rank_env(p, r, port, env):
     else:  # the guides' shell loop, one process per device
         e.update(RANK_ID=str(r), LOCAL_RANK=str(r), RANK_SIZE=str(p.ranks), MASTER_ADDR="127.0.0.1",
                  MASTER_PORT=str(port))
+    if p.scale != "1p":  # LOCAL_RANK is the rank's slot on this node, DEVICE_ID its device (a rank table's device_id)
+        e["DEVICE_ID"] = str(p.devices[r])
     return e
 
 
@@ -101,23 +104,89 @@ def report_failure(p, ranks, logs, r):
     return rc if rc in (2, EXIT_DIVERGED) else 1
 
 
+def _inputs(p):
+    """[what, the command-line token, the path] of each file the run reads that the driver passes on: the
+    weights (--ckpt_path, or main.py's --pretrained after --) and the baseline table."""
+    out = []
+    for what, seq in (("--ckpt_path", p.extra), ("--pretrained (after --)", p.args.passthrough)):
+        for i, tok in enumerate(seq):
+            if tok == "--pretrained" and i + 1 < len(seq):
+                out.append([what, seq[i + 1], seq[i + 1]])
+            elif tok.startswith("--pretrained="):
+                out.append([what, tok, tok[len("--pretrained="):]])
+    if p.baseline and os.path.isfile(p.baseline):
+        out.append(["--baseline", None, p.baseline])
+    return [i for i in out if os.path.exists(i[2])]
+
+
+def _earlier_runs_files(folder):
+    """The paths (relative to ``folder``) main.py's runs there wrote, as their summaries list them, and the names
+    main.py writes whatever the record (a folder without one)."""
+    from trainer import checkpoint, observe, summary
+    names = {checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY, summary.EVAL_SUMMARY, observe.METRICS}
+    for name in (summary.SUMMARY, summary.EVAL_SUMMARY):
+        record = summary.read_record(folder, name)
+        names.update(record[0] if record else ())
+    return names
+
+
+def move_aside(p):
+    """The output folder's earlier contents go to ``<dir>.prev-STAMP``; returns the command-line tokens to
+    replace ({old: new}). The inputs of this run the folder holds stay in place, except the earlier run's own
+    files (its checkpoint as --ckpt_path): those go with that run, and the run reads them there (a note says so)."""
+    folder = p.output_dir
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, n = folder + ".prev-" + stamp, 1
+    while os.path.exists(dest):
+        dest, n = "{}.prev-{}-{}".format(folder, stamp, n), n + 1
+    real = os.path.realpath(folder)
+    held = [i for i in _inputs(p) if within(os.path.realpath(i[2]), real)]
+    replace = {}
+    try:
+        if not held:
+            os.rename(folder, dest)
+        else:
+            from trainer.folders import holds
+            earlier = _earlier_runs_files(folder)
+            rels = [os.path.relpath(os.path.realpath(i[2]), real) for i in held]
+            stays = [i for i, rel in zip(held, rels) if not any(
+                rel == e or rel.startswith(e + os.sep) for e in earlier)]
+            os.makedirs(dest)
+            for entry in sorted(os.listdir(folder)):
+                path = os.path.join(folder, entry)
+                if not any(holds(path, i[2]) for i in stays):
+                    os.rename(path, os.path.join(dest, entry))
+            for (what, token, path), rel in zip(held, rels):
+                moved = os.path.join(dest, rel)
+                if not os.path.exists(path) and os.path.exists(moved):
+                    if token:
+                        replace[token] = token.replace(path, moved)
+                    else:
+                        p.baseline = moved
+                    p.notes.append("{} {} is the earlier run's {}: it went with that run to {}, where this run "
+                                   "reads it".format(what, path, rel, moved))
+                else:
+                    p.notes.append("{} {} stays in {} (the folder's other contents were moved to {})".format(
+                        what, path, folder, dest))
+    except OSError as exc:
+        raise UsageError("cannot move '{}' aside to '{}' ({})".format(p.output_dir, dest, exc.strerror or exc))
+    print("output: the earlier contents of {} were moved to {}".format(folder, dest))
+    return replace
+
+
 def prepare_output(p):
+    """The output folder made ready; returns the command-line tokens to replace ({old: new}: inputs the folder held,
+    read where they went)."""
+    replace = {}
     if p.output_action == "move":
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        dest, n = p.output_dir + ".prev-" + stamp, 1
-        while os.path.exists(dest):
-            dest, n = "{}.prev-{}-{}".format(p.output_dir, stamp, n), n + 1
-        try:
-            os.rename(p.output_dir, dest)
-        except OSError:
-            raise UsageError("cannot move '{}' aside to '{}'".format(p.output_dir, dest))
-        print("output: the earlier contents of {} were moved to {}".format(p.output_dir, dest))
+        replace = move_aside(p)
     elif p.output_action == "keep":
         print("output: continuing the run in {} (--resume={})".format(p.output_dir, p.args.resume))
     try:
         os.makedirs(p.output_dir, exist_ok=True)
     except OSError:
         raise UsageError("cannot create --output_dir '{}'".format(p.output_dir))
+    return replace
 
 
 def script_name(mode, scale):
@@ -132,7 +201,8 @@ def run(mode, scale, argv, env=None):
         return 0
     p = resolve(parse(argv, mode, scale, script), mode, scale, script, env)
     cmd = command(p)
-    prepare_output(p)
+    replace = prepare_output(p)
+    cmd = [replace.get(c, c) for c in cmd]
     for note in p.notes:
         print("note: " + note)
     from trainer.device import Device

@@ -33,7 +33,8 @@ def usage(mode, scale):
         scale_args = "  --device_id=N          device index (default: $ASCEND_DEVICE_ID, else 0)"
     else:
         scale_args = ("  --rank_size=N          processes{}, one per device (default 8)\n"
-                      "  --device_list=IDS      devices, e.g. 0-7, 0,1,2,3 or 0-3,6 (default 0..rank_size-1)\n"
+                      "  --device_list=IDS      devices, e.g. 0-7, 0,1,2,3 or 0-3,6 (default: this host's devices in\n"
+                      "                         $RANK_TABLE_FILE where exported, else 0..rank_size-1)\n"
                       "  --device_id=N          ignored, as in ModelZoo's multi-device scripts (a note says so)"
                       ).format(" on this node" if scale in NODE_SCALES else "")
     if scale in NODE_SCALES:
@@ -182,7 +183,7 @@ class Plan:
     """Everything the driver decided before it starts a process."""
 
 
-def _within(path, folder):
+def within(path, folder):
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
@@ -241,6 +242,15 @@ def resolve(a, mode, scale, script, env):
             if rank_size is not None and rank_size != len(p.devices):
                 raise UsageError("--rank_size={} but --device_list={} names {} device(s)".format(
                     rank_size, a.device_list, len(p.devices)))
+        elif env.get("RANK_TABLE_FILE"):  # the job's rank table: this host's devices, in its order
+            from trainer.clusters import host_devices
+            from trainer.rendezvous import is_local_address
+            p.devices = host_devices(env, is_local_address)
+            if rank_size is not None and rank_size != len(p.devices):
+                raise UsageError("--rank_size={} but RANK_TABLE_FILE '{}' lists {} device(s) for this host ({}): "
+                                 "give --rank_size={}, or leave it out".format(
+                                     rank_size, env["RANK_TABLE_FILE"], len(p.devices),
+                                     ",".join(map(str, p.devices)), len(p.devices)))
         else:
             p.devices = tuple(range(rank_size or 8))
         p.ranks = len(p.devices)
@@ -318,11 +328,11 @@ def resolve(a, mode, scale, script, env):
         raise UsageError("--output_dir '{}' is in use by {}: wait for it to finish or stop it, or choose another "
                          "--output_dir".format(p.output_dir, busy))
     if os.path.isdir(p.output_dir) and os.listdir(p.output_dir):
-        if a.resume and (a.resume == "auto" or _within(os.path.realpath(a.resume), p.output_dir)):
+        if a.resume and (a.resume == "auto" or within(os.path.realpath(a.resume), p.output_dir)):
             p.output_action = "keep"
         else:
             for guard in ["/", env.get("HOME") or "/", ROOT, os.getcwd()] + ([a.data_path] if a.data_path else []):
-                if _within(os.path.realpath(guard), p.output_dir):
+                if within(os.path.realpath(guard), p.output_dir):
                     raise UsageError("--output_dir '{}' holds files and contains {}: it cannot be moved aside; "
                                      "choose an empty or new folder".format(p.output_dir, guard))
             p.output_action = "move"

@@ -140,3 +140,26 @@ def test_torch_npu_run_workers_meet_through_torch_npus_own_store():
     section = _cfg(["-b", "8"], {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}).cfg.launch
     assert section.mode == "process" and section.world_size == 2
     assert rendezvous.open_store(section, env={"TORCH_NPU_USE_PARALLEL_TCPSTORE": "True"}) is None
+
+
+def test_a_local_rank_is_a_slot_and_names_the_device_of_a_node_of_one_process(shapes, tmp_path):
+    """LOCAL_RANK in a run of one process per node (a single run, --world-size/--rank alone) names its device, not a
+    slot among several: --cpu-binding on bound slot 1 of 1 and died with an IndexError before."""
+    cfg = _cfg([], {"LOCAL_RANK": "3"}).cfg
+    assert (cfg.launch.local_rank, cfg.launch.device_list, cfg.launch.procs_per_node) == (0, (3,), 1)
+    cfg = _cfg(["--device-list", "4,5", "--world-size", "2", "--rank", "1"], {"LOCAL_RANK": "1"}).cfg
+    assert (cfg.launch.local_rank, cfg.launch.device_list) == (0, (5,))
+    out = tmp_path / "run"
+    proc = run_main([shapes, "-a", "tiny_cnn", "--device", "cpu", "--cpu-binding", "on", "-b", "8", "--epochs", "1",
+                     "--max-steps-per-epoch", "1", "--output-dir", str(out), "-j", "0", "--train-crop-size", "32",
+                     "--val-resize-size", "32", "--val-crop-size", "32"], env={"LOCAL_RANK": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "ok" and s["cpu_binding"]["local_rank"] == 0 and s["config"]["device_list"] == [1], s
+
+
+def test_a_local_rank_beyond_its_nodes_processes_is_one_line():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500"}
+    with pytest.raises(UsageError, match=r"local rank 2 is outside this node's 2 processes \(local ranks 0..1\)"):
+        _cfg([], env)

@@ -66,15 +66,16 @@ def _split(items, parts, index):
     return items[lo:hi] if hi > lo else [items[(index * len(items)) // parts % len(items)]]
 
 
-def plan(cpus, nodes, local_rank, per_node):
-    """The cores of local rank ``local_rank`` of ``per_node`` ranks, and the NUMA nodes (indices) they lie on."""
+def plan(cpus, nodes, slot, per_node):
+    """The cores of the rank at ``slot`` (its local rank: 0..per_node-1 among the node's ``per_node`` ranks, never
+    a device id), and the NUMA nodes (indices) they lie on."""
     per_node = max(1, per_node)
     if per_node >= len(nodes):
-        node = local_rank * len(nodes) // per_node
+        node = slot * len(nodes) // per_node
         first = -(-node * per_node // len(nodes))  # the first rank of that node
         count = -(-(node + 1) * per_node // len(nodes)) - first
-        return _split(nodes[node], count, local_rank - first), [node]
-    mine = _split(list(range(len(nodes))), per_node, local_rank)
+        return _split(nodes[node], count, slot - first), [node]
+    mine = _split(list(range(len(nodes))), per_node, slot)
     return sorted(c for n in mine for c in nodes[n]), mine
 
 

@@ -231,6 +231,11 @@ def last_name(prefix="checkpoint"):
     return CHECKPOINT if prefix == "checkpoint" else prefix + ".pth.tar"
 
 
+def epoch_name(prefix, epoch):
+    """The file --checkpoint-freq keeps of ``epoch`` epochs completed."""
+    return "{}_epoch{}.pth.tar".format(prefix, epoch)
+
+
 def resolve_resume(resume, output_dir, prefix="checkpoint"):
     """--resume PATH | auto -> a path, or None (auto with nothing to resume)."""
     if resume is None:
@@ -327,7 +332,7 @@ class CheckpointSaver:
         if is_best:
             copy(self.last, self.best)
         if self.freq and epoch % self.freq == 0:  # --checkpoint-freq N: a file of its own every N epochs
-            copy(self.last, os.path.join(self.out_dir, "{}_epoch{}.pth.tar".format(self.prefix, epoch)))
+            copy(self.last, os.path.join(self.out_dir, epoch_name(self.prefix, epoch)))
 
     def existing(self):
         """{'checkpoint': path, 'best_checkpoint': path} for the files present."""

@@ -96,6 +96,10 @@ def slurm_tasks(env):
 # ---------------------------------------------------------------- Ascend's rank table
 
 HCCL_TIMEOUT = 1200  # s: what env_npu.sh and ModelZoo's scripts export; CANN's own default is 120 s
+# the shape of each list's entries, for the messages
+_ENTRY = {"server_group_list": '{"server_count": ..., "server_list": [...]}',
+          "server_list": '{"server_id": "10.0.0.1", "device": [...]}',
+          "device": '{"device_id": "0", "device_ip": ..., "rank_id": "0"}'}
 
 
 def _address(text):
@@ -106,9 +110,60 @@ def _address(text):
         return False
 
 
+def _json_kind(value):
+    """What JSON calls ``value``'s type, for a message."""
+    if value is None:
+        return "null"
+    for types, name in ((bool, "true/false"), (str, "a string"), ((int, float), "a number"), (list, "a list"),
+                        (dict, "an object")):
+        if isinstance(value, types):
+            return "{} ({})".format(name, json.dumps(value)[:40]) if name != "an object" else name
+    return type(value).__name__
+
+
+def _whole(value):
+    """A JSON whole number from 0 ("3" or 3) as an int, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _objects(value, what, kind, where):
+    """``value`` (a table's ``what``) checked as a non-empty list of objects (of ``kind``: a key of _ENTRY)."""
+    entry = _ENTRY[kind]
+    if not isinstance(value, list):
+        raise UsageError("{}: {} is {}, not a list: write it as [{}, ...]".format(
+            where, what, _json_kind(value), entry))
+    if not value:
+        raise UsageError("{}: {} is empty: list each entry as {}".format(where, what, entry))
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise UsageError("{}: entry {} of {} is {}, not an object: each entry is {}".format(
+                where, i, what, _json_kind(item), entry))
+    return value
+
+
+def _count(holder, key, listed, what, where):
+    """A count the table states (``server_count``, ``group_count``), where present, against what it lists."""
+    if key not in holder:
+        return
+    n = _whole(holder[key])
+    if n is None:
+        raise UsageError("{}: {} is {}, not a whole number: give the number of {}".format(
+            where, key, _json_kind(holder[key]), what))
+    if n != listed:
+        raise UsageError("{}: {} is {} but {} {} listed: make them agree".format(
+            where, key, n, listed, what + " are" if listed != 1 else what[:-1] + " is"))
+
+
 def read_rank_table(path):
     """RANK_TABLE_FILE (versions 1.0 and 1.2; a MindCluster global table's server_group_list too) as
-    [(server address or id, [(device id, rank id), ...]), ...] in file order, checked: one line per problem."""
+    [(server address or id, [(device id, rank id), ...]), ...] in file order, checked by shape and values: one
+    line per problem."""
     where = "RANK_TABLE_FILE '{}'".format(path)
     try:
         with open(path) as f:
@@ -119,75 +174,132 @@ def read_rank_table(path):
     except ValueError as exc:
         raise UsageError("{} is not JSON ({}): fix the file (comments as in the docs' examples must go)".format(
             where, exc))
-    if not isinstance(table, dict) or str(table.get("version")) not in ("1.0", "1.2"):
-        raise UsageError("{} has version {!r}: versions 1.0 and 1.2 are read".format(
-            where, table.get("version") if isinstance(table, dict) else None))
+    if not isinstance(table, dict):
+        raise UsageError("{} holds {}, not an object: a rank table is {{\"version\": \"1.0\", \"server_list\": "
+                         "[...], ...}}".format(where, _json_kind(table)))
+    if str(table.get("version")) not in ("1.0", "1.2"):
+        raise UsageError("{} has version {!r}: versions 1.0 and 1.2 are read".format(where, table.get("version")))
     if table.get("status", "completed") != "completed":
         raise UsageError("{} has status '{}': the scheduler has not completed it yet; start the job once it "
                          "says 'completed'".format(where, table.get("status")))
-    groups = table.get("server_group_list") or [table]
+    if "server_group_list" in table:
+        groups = _objects(table["server_group_list"], "server_group_list", "server_group_list", where)
+        _count(table, "group_count", len(groups), "groups", where)
+    else:
+        groups = [table]
     servers, seen_ranks = [], {}
-    for group in groups:
-        for server in group.get("server_list") or []:
-            name = server.get("host_ip") or server.get("server_ip") or server.get("server_id")
+    for g, group in enumerate(groups):
+        what = "server_list" if group is table else "server_group_list entry {}'s server_list".format(g)
+        if "server_list" not in group:
+            raise UsageError("{}: no server_list{}: list the job's servers as [{}, ...]".format(
+                where, "" if group is table else " in entry {} of server_group_list".format(g),
+                _ENTRY["server_list"]))
+        listed = _objects(group["server_list"], what, "server_list", where)
+        _count(group, "server_count", len(listed), "servers", where)
+        for i, server in enumerate(listed):
+            keys = [k for k in ("host_ip", "server_ip", "server_id") if k in server]
+            name = server[keys[0]] if keys else None
+            if not isinstance(name, str) or not name.strip():
+                got = "its {} is {}".format(keys[0], _json_kind(name)) if keys else "it has no server_id"
+                raise UsageError("{}: entry {} of {}: {}; name each server by its address as a string (server_id, "
+                                 "or host_ip in version 1.2)".format(where, i, what, got))
+            label = "server {}".format(name)
+            if "device" not in server:
+                raise UsageError("{}: {} has no device list: list its devices as \"device\": [{}, ...]".format(
+                    where, label, _ENTRY["device"]))
             devices, ids = [], set()
-            for dev in server.get("device") or []:
-                try:
-                    device, rank = int(dev["device_id"]), int(dev["rank_id"])
-                except (KeyError, TypeError, ValueError):
-                    raise UsageError("{}: server {} has a device without a whole device_id and rank_id: {}".format(
-                        where, name, json.dumps(dev)))
+            for dev in _objects(server["device"], "{}'s device".format(label), "device", where):
+                device, rank = _whole(dev.get("device_id")), _whole(dev.get("rank_id"))
+                if device is None or rank is None:
+                    key = "device_id" if device is None else "rank_id"
+                    got = "whose {} is {}".format(key, _json_kind(dev[key])) if key in dev else "without a " + key
+                    raise UsageError("{}: {} has a device {}: give each device its device_id and rank_id as whole "
+                                     "numbers from 0: fix {}".format(where, label, got, json.dumps(dev)))
                 if device in ids:
-                    raise UsageError("{}: server {} lists device {} twice: each device once".format(
-                        where, name, device))
+                    raise UsageError("{}: {} lists device {} twice: each device once".format(where, label, device))
                 if rank in seen_ranks:
-                    raise UsageError("{}: rank_id {} is given to two devices ({} and server {} device {}): rank ids "
-                                     "must be unique".format(where, rank, seen_ranks[rank], name, device))
+                    raise UsageError("{}: rank_id {} is given to two devices ({} and {} device {}): rank ids "
+                                     "must be unique".format(where, rank, seen_ranks[rank], label, device))
                 ids.add(device)
-                seen_ranks[rank] = "server {} device {}".format(name, device)
+                seen_ranks[rank] = "{} device {}".format(label, device)
                 devices.append((device, rank))
-            servers.append((str(name), devices))
+            servers.append((name, devices))
     world = len(seen_ranks)
-    if not world or sorted(seen_ranks) != list(range(world)):
+    if sorted(seen_ranks) != list(range(world)):
         raise UsageError("{}: the rank ids are {}, not 0..{}: number the devices' rank_id from 0 without "
-                         "gaps".format(where, sorted(seen_ranks) or "none", max(world - 1, 0)))
+                         "gaps".format(where, sorted(seen_ranks), world - 1))
     return servers
 
 
-def rank_table_place(env, is_local):
-    """This process's place from RANK_TABLE_FILE, or None without one: the rank from RANK_ID (or RANK) where the
-    launch script exports it, else this host's server (an address in the table that ``is_local``) and its
-    device (DEVICE_ID, ASCEND_DEVICE_ID or LOCAL_RANK). Checked before any wait: this host must be in the table."""
+def _this_host(servers, is_local, path):
+    """The index of this host's server (the first address in the table that ``is_local``)."""
+    local = [s for s, (name, _) in enumerate(servers) if _address(name) and is_local(name)]
+    if not local:
+        raise UsageError("this host is not in RANK_TABLE_FILE '{}' (servers {}): run on one of them, or export "
+                         "RANK_ID per process".format(path, ", ".join(name for name, _ in servers)))
+    return local[0]
+
+
+def host_devices(env, is_local):
+    """The device ids RANK_TABLE_FILE lists for this host, slot by slot (the table's order), or None without one."""
     path = env.get("RANK_TABLE_FILE")
     if not path:
         return None
     servers = read_rank_table(path)
-    ranks = {rank: (s, device) for s, (_, devices) in enumerate(servers) for device, rank in devices}
+    return tuple(d for d, _ in servers[_this_host(servers, is_local, path)][1])
+
+
+def rank_table_place(env, is_local, local_rank=None):
+    """This process's place from RANK_TABLE_FILE, or None without one: the rank from RANK_ID (or RANK) where the
+    launch script exports it, else this host's server (an address in the table that ``is_local``) and on it the
+    device DEVICE_ID or ASCEND_DEVICE_ID names, else the one at slot ``local_rank`` (LOCAL_RANK, --local_rank;
+    0 by default). A process's slot (its local rank: the core binding's, its entry of --device-list) is its
+    device's position among its server's devices in the table; the device id is the device it uses. ``devices``
+    maps slots to device ids, as --device-list does. Checked before any wait: this host must be in the table, a
+    local rank given must be the slot."""
+    path = env.get("RANK_TABLE_FILE")
+    if not path:
+        return None
+    servers = read_rank_table(path)
+    ranks = {rank: (s, slot) for s, (_, devices) in enumerate(servers) for slot, (_, rank) in enumerate(devices)}
     given = env.get("RANK_ID") or env.get("RANK")
     if given is not None and given.isdigit():
         if int(given) not in ranks:
             raise UsageError("RANK_ID {} is not in RANK_TABLE_FILE '{}' (ranks 0..{})".format(
                 given, path, len(ranks) - 1))
-        server, device = ranks[int(given)]
+        server, slot = ranks[int(given)]
     else:
-        local = [s for s, (name, _) in enumerate(servers) if _address(name) and is_local(name)]
-        if not local:
-            raise UsageError("this host is not in RANK_TABLE_FILE '{}' (servers {}): run on one of them, or export "
-                             "RANK_ID per process".format(path, ", ".join(name for name, _ in servers)))
-        server = local[0]
-        wanted = env.get("DEVICE_ID") or env.get("ASCEND_DEVICE_ID") or env.get("LOCAL_RANK") or "0"
-        device = int(wanted) if wanted.isdigit() else -1
-        if device not in [d for d, _ in servers[server][1]]:
-            raise UsageError("device {} is not listed for this host ({}) in RANK_TABLE_FILE '{}'".format(
-                wanted, servers[server][0], path))
+        server = _this_host(servers, is_local, path)
+        name, devices = servers[server]
+        ids = [d for d, _ in devices]
+        var = "DEVICE_ID" if env.get("DEVICE_ID") else "ASCEND_DEVICE_ID" if env.get("ASCEND_DEVICE_ID") else None
+        if var is not None:
+            wanted = env[var].strip()
+            if not wanted.isdigit() or int(wanted) not in ids:
+                raise UsageError("{}={} is not a device of this host ({}) in RANK_TABLE_FILE '{}': its devices are "
+                                 "{}".format(var, env[var], name, path, ",".join(map(str, ids))))
+            slot = ids.index(int(wanted))
+        else:
+            slot = local_rank or 0
+            if slot >= len(ids):
+                raise UsageError("local rank {} (LOCAL_RANK or --local_rank) has no device in RANK_TABLE_FILE '{}': "
+                                 "this host ({}) has {} device(s) there ({}), local ranks 0..{}; or export DEVICE_ID "
+                                 "(the device id)".format(slot, path, name, len(ids), ",".join(map(str, ids)),
+                                                          len(ids) - 1))
     name, devices = servers[server]
+    device, rank = devices[slot]
     if _address(name) and is_local(name) is False:
         raise UsageError("RANK_TABLE_FILE '{}' puts rank {} on server {}, which is not this host: export the rank "
-                         "ids of this host's devices".format(path, dict((d, r) for d, r in devices)[device], name))
-    rank = dict(devices)[device]
+                         "ids of this host's devices".format(path, rank, name))
+    if local_rank is not None and local_rank != slot:
+        raise UsageError("local rank {} (LOCAL_RANK or --local_rank) contradicts RANK_TABLE_FILE '{}': rank {} uses "
+                         "device {}, at slot {} of this host's devices {} (a local rank counts the host's processes "
+                         "in the table's order; it is not a device id): export LOCAL_RANK={}, or leave it out".format(
+                             local_rank, path, rank, device, slot, ",".join(str(d) for d, _ in devices), slot))
     master = servers[ranks[0][0]][0]
-    return {"rank": rank, "world_size": len(ranks), "local_rank": device, "procs_per_node": len(devices),
-            "nodes": len(servers), "node_rank": server, "addr": master if _address(master) else None}
+    return {"rank": rank, "world_size": len(ranks), "local_rank": slot, "device": device,
+            "devices": tuple(d for d, _ in devices), "procs_per_node": len(devices), "nodes": len(servers),
+            "node_rank": server, "addr": master if _address(master) else None}
 
 
 def hccl_timeout(env):

@@ -9,12 +9,14 @@ node's local rank 0 looks for it in its own --output-dir. A node that finds it s
 its folder's lock and writes the same checkpoints and summary there. Every rank then resumes from the
 same epoch, or the job stops with one line before training (``check_same_epoch``).
 """
-import glob
+import dataclasses
 import os
+import re
 import secrets
+import shutil
 import time
 
-from trainer import checkpoint, lock, observe, summary
+from trainer import checkpoint, lock, summary
 from trainer.errors import UsageError
 
 RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
@@ -32,60 +34,177 @@ class Quiet(UsageError):
 
 def hold_folder(plan):
     """The process that starts rank 0 of a training run holds --output-dir for the job: ``take_folder`` there.
-    Returns (the lock, or None for any other process; notes)."""
+    Returns (the lock, or None for any other process; the plan, with take_folder's notes and paths)."""
     first = plan.launch.node_rank == 0 if plan.launch.mode == "spawn" else plan.launch.rank == 0
     if not first or plan.run.evaluate:
-        return None, ()
+        return None, plan
     return take_folder(plan)
 
 
 def take_folder(plan):
     """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
-    without one. Returns (lock, notes: one when a stale lock was taken over)."""
+    without one: an earlier run there is moved aside (--output-dir not given, ``move_earlier_run``) or refused.
+    The lock then lists what this run may write there. Returns (lock, the plan with the notes: a stale lock taken
+    over, an earlier run moved; its input files' paths as they are read)."""
     held_lock = lock.RunLock(plan.run.output_dir).acquire()
-    notes = ()
+    folder, notes = plan.run.output_dir, ()
     try:
-        if plan.run.resume is None:
+        if plan.run.resume is None and plan.run.move_earlier_run:
+            earlier, older = earlier_run(plan, held_lock.previous if held_lock.taken_over else None)
+            if earlier:
+                plan, notes = move_earlier_run(plan, earlier, older)
+        elif plan.run.resume is None:
             names = RUN_FILES + (checkpoint.last_name(plan.run.checkpoint_prefix),)
-            held = [f for f in sorted(set(names)) if os.path.exists(os.path.join(plan.run.output_dir, f))]
-            if held and plan.run.move_earlier_run:
-                notes += (move_earlier_run(plan.run.output_dir, plan.run.checkpoint_prefix),)
-            elif held:
+            held = [f for f in sorted(set(names)) if os.path.exists(os.path.join(folder, f))]
+            if held:
                 raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
-                                 "or choose another --output-dir".format(plan.run.output_dir, ", ".join(held)))
+                                 "or choose another --output-dir".format(folder, ", ".join(held)))
+        held_lock.record([n for n in summary.outputs(plan) if not os.path.lexists(os.path.join(folder, n))])
     except BaseException:
         held_lock.release()
         raise
     if held_lock.taken_over:
         notes += ("took over the lock of {}, which is no longer running".format(held_lock.taken_over),)
-    return held_lock, notes
+    return held_lock, dataclasses.replace(plan, notes=plan.notes + notes)
 
 
 EARLIER = "previous_runs"  # where a new run in the default --output-dir moves the run it finds there
+KEEP_EARLIER_RUNS = 5  # previous_runs/ keeps the newest 5 earlier runs: a move removes older STAMP folders
+_STAMP = re.compile(r"^([0-9]{8}-[0-9]{6})(?:-([0-9]+))?$")
 
 
-def move_earlier_run(folder, prefix="checkpoint"):
-    """Move the files of the run in ``folder`` (checkpoints, summaries, metrics, TensorBoard, traces) into
-    ``folder/previous_runs/STAMP/``; returns the note saying so. ModelZoo's scripts run their entry twice in the same
-    folder (the performance script, then the full one): the second run must neither fail nor overwrite the first."""
+def earlier_run(plan, stale=None):
+    """What the earlier runs in --output-dir wrote there (paths relative to it), by their records: each
+    summary.json / eval_summary.json's list of files, and the list in the lock of a run that died before writing
+    one (``stale``: that lock's contents); besides, what lies where this run writes its own files (which it would
+    overwrite). Returns (paths, whether a record is an older version's, without a list)."""
+    folder, paths, older = plan.run.output_dir, set(), False
+    for name in (summary.SUMMARY, summary.EVAL_SUMMARY):
+        record = summary.read_record(folder, name)
+        if record is not None:
+            paths.update(record[0])
+            older = older or record[1]
+    listed = (stale or {}).get(summary.FILES)
+    if isinstance(listed, list):
+        paths.update(r for r in map(summary.safe, listed) if r)
+    tb = summary.inside(plan.run.tensorboard_dir, folder) if plan.run.tensorboard_dir else None
+    paths.update(n for n in summary.outputs(plan) if n != tb)  # a TensorBoard folder only takes new files
+    return sorted(p for p in paths if p.split(os.sep)[0] not in (EARLIER, lock.LOCK) and
+                  os.path.lexists(os.path.join(folder, p))), older
+
+
+def inputs_of(plan):
+    """(flag, path) of each file or folder this run reads: --pretrained, --resume, the data."""
+    out = [("--pretrained", plan.model.pretrained), ("--resume", plan.resume.path if plan.resume else None),
+           ("the data", None if plan.data.dummy else plan.data.root)]
+    return [(what, path) for what, path in out if path and os.path.exists(path)]
+
+
+def holds(path, inp):
+    """Whether ``path`` is the file ``inp`` or a folder holding it."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        return summary.inside(inp, path) is not None or _same(path, inp)
+    return _same(path, inp)
+
+
+def keep_copy(path, dest):
+    """``dest`` becomes the same file as ``path`` (a hard link; a copy where the filesystem has none): the file
+    also stays where it is. Returns "linked" or "copied"."""
+    try:
+        os.link(path, dest)
+        return "linked"
+    except OSError:
+        shutil.copy2(path, dest)
+        return "copied"
+
+
+def move_earlier_run(plan, paths, older=False):
+    """Move the earlier run's files ``paths`` (``earlier_run``'s) in --output-dir into ``previous_runs/STAMP/``;
+    returns (the plan, the notes saying so). ModelZoo's scripts run their entry twice in the same folder (the
+    performance script, then the full one): the second run must neither fail nor overwrite the first.
+
+    This run's inputs stay where they are (other ranks read them there, now or later): an earlier run's file that
+    is one is linked into STAMP instead (the run reads and records it there; its own checkpoint may later replace the
+    name in place), a folder holding one stays whole. Then previous_runs keeps the newest KEEP_EARLIER_RUNS."""
+    folder = plan.run.output_dir
     stamp = time.strftime("%Y%m%d-%H%M%S")
     dest, n = os.path.join(folder, EARLIER, stamp), 1
     while os.path.exists(dest):
         dest, n = os.path.join(folder, EARLIER, "{}-{}".format(stamp, n)), n + 1
-    names = set(RUN_FILES + (checkpoint.last_name(prefix), observe.METRICS, summary.EVAL_SUMMARY, "tensorboard"))
-    paths = [os.path.join(folder, f) for f in names]
-    paths += glob.glob(os.path.join(folder, "profile_rank*")) + glob.glob(os.path.join(folder, "*_epoch*.pth.tar"))
-    moved = []
+    inputs = inputs_of(plan)
+    moved, notes = [], []
     os.makedirs(dest)
-    for path in sorted(p for p in set(paths) if os.path.exists(p)):
+    for rel in paths:
+        path, target = os.path.join(folder, rel), os.path.join(dest, rel)
+        if not os.path.lexists(path):
+            continue  # in a folder moved already
+        read = [(what, inp) for what, inp in inputs if holds(path, inp)]
         try:
-            os.rename(path, os.path.join(dest, os.path.basename(path)))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if read and os.path.isdir(path):
+                notes.append("{} is in the earlier run's {}, which stays in place".format(read[0][0], path))
+            elif read:
+                how = keep_copy(path, target)
+                plan = _reads(plan, path, target)
+                notes.append("{} '{}' is one of the earlier files: it stays in place, and is kept with them as "
+                             "'{}' ({}), which this run reads{}".format(
+                                 read[0][0], read[0][1], target, "the same file, linked" if how == "linked" else
+                                 "a copy", "; this run's own {} replaces it in place".format(rel)
+                                 if rel in summary.outputs(plan) else ""))
+            else:
+                os.rename(path, target)
+                moved.append(rel)
         except OSError as exc:
             raise UsageError("cannot move the earlier run's {} aside into '{}' ({}): pass --output-dir DIR for the "
                              "new run".format(path, dest, exc.strerror or exc))
-        moved.append(os.path.basename(path))
-    return "--output-dir '{}' held an earlier run: {} moved to {} (--output-dir DIR to write elsewhere)".format(
-        folder, ", ".join(moved), dest)
+    notes.insert(0, "--output-dir '{}' held an earlier run: {} moved to {}{} (--output-dir DIR to write "
+                    "elsewhere)".format(folder, ", ".join(moved) or "nothing", dest, " (an older version's run, "
+                                        "whose summary.json lists no files: moved by the names that version "
+                                        "writes)" if older else ""))
+    notes += _prune(os.path.join(folder, EARLIER), dest, [inp for _, inp in inputs])
+    return plan, tuple(notes)
+
+
+def _same(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _reads(plan, path, kept):
+    """The plan reading its input file ``path`` as ``kept`` (the same file, in previous_runs)."""
+    for held in (plan.weights, plan.resume):
+        if held is not None and _same(held.path, path):
+            held.path = kept  # (this process's File: any contents it holds are those of the same file)
+    if plan.model.pretrained and _same(plan.model.pretrained, path):
+        plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, pretrained=kept))
+    return plan
+
+
+def _prune(root, newest, inputs):
+    """previous_runs keeps the newest KEEP_EARLIER_RUNS STAMP folders (others in it are left alone): the notes on
+    those removed, or kept because this run reads from them."""
+    stamps = sorted((m.group(1), int(m.group(2) or 0), name) for name, m in
+                    ((name, _STAMP.match(name)) for name in os.listdir(root)) if m)
+    removed, notes = [], []
+    for _, _, name in stamps[:max(0, len(stamps) - KEEP_EARLIER_RUNS)]:
+        path = os.path.join(root, name)
+        if _same(path, newest) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        if any(summary.inside(inp, path) for inp in inputs):
+            notes.append("{} keeps {} beyond the newest {}: this run reads from it".format(
+                root, name, KEEP_EARLIER_RUNS))
+            continue
+        try:
+            shutil.rmtree(path)
+            removed.append(name)
+        except OSError as exc:
+            notes.append("could not remove {} ({}): remove it by hand".format(path, exc.strerror or exc))
+    if removed:
+        notes.insert(0, "{} keeps the newest {} earlier runs: removed {}".format(
+            root, KEEP_EARLIER_RUNS, ", ".join(removed)))
+    return notes
 
 
 def _sees(path):
@@ -101,13 +220,14 @@ def _sees(path):
 def node_writer(plan, dist, device, log):
     """Decide, on every rank of the job together, whether this rank writes --output-dir.
 
-    Returns (writes, lock or None, notes): rank 0 writes (its folder's lock is held by the launching process);
+    Returns (writes, lock or None, the plan: take_folder's where this rank takes a folder): rank 0 writes (its
+    folder's lock is held by the launching process);
     a node's local rank 0 whose --output-dir is not rank 0's folder writes its own and holds its lock here.
     A node whose folder cannot be taken (in use, or a new run into a folder holding one) stops every rank
     with that node's one line.
     """
     if not dist.active or plan.launch.nodes <= 1:
-        return dist.is_main, None, ()
+        return dist.is_main, None, plan
     leader = (plan.launch.local_rank or 0) == 0
     token = dist.broadcast_int(secrets.randbits(30), device)  # every rank calls it; rank 0's value wins
     path = os.path.join(plan.run.output_dir, TOKEN.format(token))
@@ -122,10 +242,10 @@ def node_writer(plan, dist, device, log):
             os.remove(path)
         except OSError:
             pass
-    held, problem, notes = None, None, ()
+    held, problem = None, None
     if own and not plan.run.evaluate:
         try:
-            held, notes = take_folder(plan)
+            held, plan = take_folder(plan)
         except UsageError as exc:
             problem = exc
     bad = int(dist.max(plan.launch.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1
@@ -146,7 +266,7 @@ def node_writer(plan, dist, device, log):
     if own:
         log("=> node {} writes its own checkpoints and summary in '{}' (not the folder rank 0 writes)".format(
             plan.launch.node_rank, plan.run.output_dir), all_ranks=True)
-    return dist.is_main or own, held, notes
+    return dist.is_main or own, held, plan
 
 
 def check_same_epoch(dist, device, epoch, where, leader):

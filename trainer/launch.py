@@ -69,15 +69,15 @@ def _place(ns, env):
     torchrun = "RANK" in env and "WORLD_SIZE" in env
     shell_loop = "RANK_SIZE" in env
     slurm = None if torchrun or shell_loop else clusters.slurm_tasks(env)
-    table = None if torchrun else clusters.rank_table_place(env, rendezvous.is_local_address)
-    if table is not None and ns.multiprocessing_distributed and not any(
-            env.get(k) for k in ("RANK_ID", "RANK", "DEVICE_ID", "ASCEND_DEVICE_ID", "LOCAL_RANK")):
+    table = None if torchrun else clusters.rank_table_place(env, rendezvous.is_local_address, local_rank)
+    if table is not None and ns.multiprocessing_distributed and local_rank is None and not any(
+            env.get(k) for k in ("RANK_ID", "RANK", "DEVICE_ID", "ASCEND_DEVICE_ID")):
         table = None  # spawn's one process per node: the table was checked, spawn places the ranks
     placed = slurm or table
     if placed and placed["addr"] and not ns.addr and not env.get("MASTER_ADDR") and not url_notes:
         addr = placed["addr"]  # rank 0's host: the first of Slurm's node list, the rank table's server of rank 0
     env_world = _env_int(env, "WORLD_SIZE") if env.get("WORLD_SIZE") and not torchrun else None
-    out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank,
+    out = {"addr": addr, "port": port, "dist_url": url, "local_rank": local_rank, "device_list": None,
            "nodes": 1, "node_rank": 0, "procs_per_node": 1, "notes": url_notes}
     out["resume"], more = clusters.elastic_resume(getattr(ns, "resume", None), env if torchrun else {})
     out["notes"] += more + tuple("RANK_TABLE_FILE: {}={} s (HCCL's link set-up waits 120 s by default)".format(k, v)
@@ -133,12 +133,14 @@ def _place(ns, env):
                 raise UsageError("RANK_SIZE {} / RANK_ID {} do not match RANK_TABLE_FILE (rank {} of {}): export the "
                                  "table's rank ids".format(world, rank, table["rank"], table["world_size"]))
             out.update(nodes=table["nodes"], node_rank=table["node_rank"], procs_per_node=table["procs_per_node"],
-                       local_rank=table["local_rank"] if not env.get("LOCAL_RANK") else out["local_rank"])
+                       local_rank=table["local_rank"], device_list=_table_devices(ns, table))
         _check_gpu(ns, out)
     elif placed is not None:
         out.update(launch="process", world_size=placed["world_size"], rank=placed["rank"],
                    local_rank=local_rank if local_rank is not None else placed["local_rank"],
                    procs_per_node=placed["procs_per_node"], nodes=placed["nodes"], node_rank=placed["node_rank"])
+        if placed is table:  # the table's slot (a local rank given was checked against it) and device
+            out.update(local_rank=table["local_rank"], device_list=_table_devices(ns, table))
     elif env_world is not None and env_world > 1 and ns.rank < 0:
         if local_rank is None:
             raise UsageError("WORLD_SIZE={} is set but nothing says which process this is: export RANK (and "
@@ -164,6 +166,29 @@ def _place(ns, env):
         out.update(launch="single", world_size=1, rank=0, local_rank=local_rank if local_rank is not None else 0)
     if out["launch"] != "single" and ns.gpu is not None and not (torchrun or shell_loop):
         raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
+    return _slot(ns, out)
+
+
+def _slot(ns, out):
+    """This process's local rank is its slot among its node's processes (0..procs_per_node-1), never a device id.
+    Where the node has one process (a single run, --world-size/--rank alone), a local rank given (LOCAL_RANK,
+    --local_rank) names its device instead: slot 0, that device (its --device-list entry where one is given;
+    --gpu, where given, picks the device as before)."""
+    slot, per_node = out["local_rank"], out["procs_per_node"]
+    if not slot or not per_node or out["device_list"] is not None:
+        return out
+    if per_node == 1:
+        if ns.gpu is None:
+            ids = ns.device_list
+            if ids and slot >= len(ids):
+                raise UsageError("local rank {} has no entry in --device-list {} ({} entries)".format(
+                    slot, ",".join(map(str, ids)), len(ids)))
+            out["device_list"] = (ids[slot] if ids else slot,)
+        out["local_rank"] = 0
+    elif slot >= per_node:
+        raise UsageError("local rank {} is outside this node's {} processes (local ranks 0..{}): export LOCAL_RANK "
+                         "as the process's index on its node (LOCAL_WORLD_SIZE or RANK_SIZE processes per node), and "
+                         "its device with --device-list".format(slot, per_node, per_node - 1))
     return out
 
 
@@ -195,17 +220,35 @@ def _modelzoo_loop(ns, env, local_rank):
     return per_node * nodes, rank, local_rank if local_rank is not None else index, per_node
 
 
+def _table_devices(ns, table):
+    """The devices of this host's processes by slot under a rank table: the table's (in its order), or
+    --device-list where given, whose entry for this process's slot must be the table's device."""
+    if not ns.device_list:
+        return table["devices"]
+    slot, ids = table["local_rank"], ",".join(map(str, table["devices"]))
+    own = ns.device_list[slot] if slot < len(ns.device_list) else None
+    if own != table["device"]:
+        raise UsageError("--device-list {} gives local rank {} {}, but RANK_TABLE_FILE gives rank {} device {} (this "
+                         "host's devices there: {}): pass --device-list {}, or leave it out".format(
+                             ",".join(map(str, ns.device_list)), slot,
+                             "no device" if own is None else "device {}".format(own), table["rank"], table["device"],
+                             ids, ids))
+    return tuple(ns.device_list)
+
+
 def _check_gpu(ns, out):
     """--gpu N in a ModelZoo loop or under torchrun (ResNet50_ID4149's scripts pass --gpu ${RANK_ID}) names this
-    process's device: it must be the one its place gives (its --device-list slot, or its local rank)."""
+    process's device: it must be the one its place gives (its --device-list or rank table slot, or its local
+    rank)."""
     if ns.gpu is None or out["launch"] == "single":
         return
     slot = out["local_rank"] or 0
-    own = ns.device_list[slot] if ns.device_list and slot < len(ns.device_list) else slot
+    ids = out.get("device_list") or ns.device_list
+    own = ids[slot] if ids and slot < len(ids) else slot
     if ns.gpu != own:
         raise UsageError("--gpu {} contradicts this process's place: local rank {} uses device {}{} (drop --gpu, "
-                         "or pass the rank's own index)".format(ns.gpu, slot, own,
-                                                                " of --device-list" if ns.device_list else ""))
+                         "or pass the rank's own index)".format(ns.gpu, slot, own, " of --device-list" if ns.device_list
+                                                                else " of RANK_TABLE_FILE" if ids else ""))
 
 
 def settle(section, kind, batch_size, environ=None):
@@ -262,7 +305,8 @@ def check_launch(section, kind):
 
 
 def device_index(section):
-    """The device this process uses: its slot of --device-list, or --gpu, or its local rank."""
+    """The device this process uses: its slot's entry of --device-list (or of the rank table's devices of its
+    host), or --gpu, or its local rank."""
     slot = section.local_rank or 0
     if section.device_list:
         if slot >= len(section.device_list):
@@ -292,9 +336,19 @@ def check_devices(section, kind, environ=None):
     env = kind_cls.visible_devices_env
     bad = [i for i in ids if i >= visible]
     if bad:
-        raise UsageError("--device-list asks for {} device {} but {} visible (ids 0-{}){}".format(
-            kind, bad[0], visible, visible - 1,
+        table = environ.get("RANK_TABLE_FILE")
+        listed = table and section.mode == "process" and bad[0] in _table_ids(environ)
+        raise UsageError("{} asks for {} device {} but {} visible (ids 0-{}){}".format(
+            "RANK_TABLE_FILE '{}'".format(table) if listed else "--device-list", kind, bad[0], visible, visible - 1,
             " under {}={}".format(env, environ[env]) if env and environ.get(env) else ""))
+
+
+def _table_ids(environ):
+    """This host's device ids in RANK_TABLE_FILE (none where it does not list this host by address)."""
+    try:
+        return clusters.host_devices(environ, rendezvous.is_local_address) or ()
+    except UsageError:
+        return ()
 
 
 def free_port():

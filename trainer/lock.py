@@ -13,6 +13,10 @@ locks coherently across the machines that share it (local disks, NFSv3 with lock
 with ``flock``, GPFS, CephFS). Where it does not (the lock call fails with ENOLCK / EOPNOTSUPP), the lock
 falls back to the file's content: a holder on this host is checked by pid and process start time; a holder
 on another host is trusted to be alive, and the message says to delete the file if it is not.
+
+Once the folder is taken, the lock also lists what the run may write there (``record``): a run that dies
+before its summary.json lists its files leaves that list for the next run, which moves those files aside with it
+(trainer/folders.py).
 """
 import errno
 import json
@@ -66,7 +70,8 @@ def _describe(info, path):
 class RunLock:
     """``with RunLock(folder):`` holds the folder for this process; ``acquire()`` / ``release()`` otherwise.
 
-    ``taken_over`` holds the description of a stale lock this run replaced (for a note), else None.
+    ``taken_over`` holds the description of a stale lock this run replaced (for a note), else None; ``previous``
+    that lock's contents ({} if none).
     """
 
     def __init__(self, folder):
@@ -74,6 +79,8 @@ class RunLock:
         self.path = os.path.join(folder, LOCK)
         self.fd = None
         self.taken_over = None
+        self.previous = {}
+        self.info = None  # what the lock file says
         self._made_folder = False
 
     def __enter__(self):
@@ -115,7 +122,7 @@ class RunLock:
                 self._refuse(previous)
             self.fd = fd
             if previous:
-                self.taken_over = _describe(previous, self.path)
+                self.taken_over, self.previous = _describe(previous, self.path), previous
             self._write_info()
             return self
         raise UsageError("--output-dir '{}': could not take its lock file '{}' (it keeps being replaced)".format(
@@ -155,10 +162,16 @@ class RunLock:
         raise UsageError("--output-dir '{}' is in use by {}: {}, or choose another --output-dir{}".format(
             self.folder, _describe(info, self.path), how, hint))
 
+    def record(self, files):
+        """The lock lists ``files`` (paths relative to the folder) as what this run may write there."""
+        self.info["files"] = sorted(files)
+        self._write_info()
+
     def _write_info(self):
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)[:500]}
-        data = (json.dumps(info) + "\n").encode()
+        if self.info is None:
+            self.info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
+                         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)[:500]}
+        data = (json.dumps(self.info) + "\n").encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0) if hasattr(os, "pwrite") else os.write(self.fd, data)
         os.fsync(self.fd)

@@ -8,6 +8,14 @@ import json
 import os
 
 TABLE_ROWS = 60
+# what a rank writes into --output-dir: its Chrome trace (torch.profiler), or the folder of torch_npu's results,
+# and its op table
+TRACE, TRACE_DIR, TABLE = "profile_rank{}.json", "profile_rank{}", "profile_ops_rank{}.txt"
+
+
+def files_of(rank):
+    """The names of what rank ``rank`` may write into --output-dir."""
+    return [TRACE.format(rank), TRACE_DIR.format(rank), TABLE.format(rank)]
 
 
 class StepProfiler:
@@ -32,15 +40,15 @@ class StepProfiler:
     # -- paths
     @property
     def trace_path(self):
-        return os.path.join(self.output_dir, "profile_rank{}.json".format(self.rank))
+        return os.path.join(self.output_dir, TRACE.format(self.rank))
 
     @property
     def trace_dir(self):
-        return os.path.join(self.output_dir, "profile_rank{}".format(self.rank))
+        return os.path.join(self.output_dir, TRACE_DIR.format(self.rank))
 
     @property
     def table_path(self):
-        return os.path.join(self.output_dir, "profile_ops_rank{}.txt".format(self.rank))
+        return os.path.join(self.output_dir, TABLE.format(self.rank))
 
     @property
     def recording(self):

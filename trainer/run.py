@@ -26,8 +26,7 @@ def run(cfg, notes=(), amp_timer=None, env=None):
     exit code. ``amp_timer``: the timing function of the --amp dtype probe (trainer/amp_probe.py ``time_steps`` by
     default); ``env``: the environment the plan reads (os.environ by default)."""
     plan = make_plan(cfg, env, notes)
-    held_lock, more = folders.hold_folder(plan)  # the process that starts rank 0 holds --output-dir
-    plan = dataclasses.replace(plan, notes=plan.notes + more)
+    held_lock, plan = folders.hold_folder(plan)  # the process that starts rank 0 holds --output-dir
     try:
         if plan.launch.mode == "spawn":  # each rank reads the plan's files for itself: this process lets them go
             for checked in (plan.weights, plan.resume):
@@ -61,8 +60,7 @@ def worker(plan, amp_timer=None):
     if plan.precision.float32_math is not None:  # ModelZoo's ALLOW_HF32 / ALLOW_FP32
         plan = dataclasses.replace(plan, notes=plan.notes + (device.set_float32_math(plan.precision.float32_math),))
     try:
-        writes, node_lock, more = folders.node_writer(plan, dist, device, log)
-        plan = dataclasses.replace(plan, notes=plan.notes + more)
+        writes, node_lock, plan = folders.node_writer(plan, dist, device, log)
         if writes:
             os.makedirs(plan.run.output_dir, exist_ok=True)
             name = summary.EVAL_SUMMARY if plan.run.evaluate else summary.SUMMARY
