@@ -47,11 +47,15 @@ test-ranks: install
 	$(PY) -m pytest $(RANKS_TESTS) $(PYTEST_ARGS)
 
 # ranks started by a real one-node Slurm: tools/slurm_local.sh installs Debian's slurm-wlm and munge where missing
-# (as root), starts munged, slurmctld and slurmd on this host, and fails the lane where it cannot; then srun -n 2
-# and the sbatch example on main.py (tests/test_slurm.py); the daemons are stopped afterwards
+# (as root), starts a private munged, slurmctld and slurmd on this host (configuration and state in
+# $SLURM_LOCAL_STATE, default /tmp/slurm-local; /etc/slurm and /etc/munge untouched), and fails the lane where it
+# cannot or refuses where another Slurm runs here; then, with its SLURM_CONF, srun -n 2 and the sbatch example on
+# main.py (tests/test_slurm.py) and the script's own start/stop (tests/test_slurm_local.py); the daemons it
+# started are stopped afterwards
 test-slurm: install
 	./tools/slurm_local.sh
-	$(PY) -m pytest -m slurm -q -rs --durations=5 tests/test_slurm.py; rc=$$?; ./tools/slurm_local.sh stop; exit $$rc
+	. "$${SLURM_LOCAL_STATE:-/tmp/slurm-local}/env" && $(PY) -m pytest -m slurm -q -rs --durations=5 tests/test_slurm.py \
+	  tests/test_slurm_local.py; rc=$$?; ./tools/slurm_local.sh stop; exit $$rc
 
 # the whole suite again on torch 2.1.0 (requirements-compat.txt), in the same three lanes; a test that needs a
 # newer torch skips with its reason (-rs lists them)
@@ -76,7 +80,7 @@ check-device:
 # ruff (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, Python 3.7 as the target) and shellcheck; seconds
 lint: install
 	$(PY) -m ruff check --no-cache .
-	shellcheck -x env_npu.sh test/*.sh
+	shellcheck -x env_npu.sh test/*.sh tools/*.sh
 
 # A small learnable data set (10 classes of drawn shapes) and a short ShuffleNetV2 run on
 # whatever device is present. Each run writes a fresh folder under demo_output/.

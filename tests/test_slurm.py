@@ -1,5 +1,6 @@
-"""Ranks started by a real Slurm (make test-slurm: tools/slurm_local.sh starts a one-node Slurm first). Without a
-Slurm that takes jobs these tests fail, they do not skip: the lane must not pass without one."""
+"""Ranks started by a real Slurm (make test-slurm: tools/slurm_local.sh starts a private one-node Slurm first and
+the lane exports its SLURM_CONF). Without that Slurm taking jobs these tests fail, they do not skip: the lane must
+not pass without one, nor run on a cluster's Slurm (/etc/slurm/slurm.conf)."""
 import os
 import shutil
 import subprocess
@@ -19,13 +20,16 @@ STEP = ["-a", "tiny_cnn", "--epochs", "2", "-b", "8", "--lr", "0.1", "--momentum
 def slurm():
     for tool in ("srun", "sbatch", "sinfo"):
         assert shutil.which(tool), "{} is missing: run the lane with make test-slurm".format(tool)
+    private = os.path.join(os.path.abspath(os.environ.get("SLURM_LOCAL_STATE", "/tmp/slurm-local")), "slurm.conf")
+    assert os.environ.get("SLURM_CONF") == private, (
+        "SLURM_CONF is {!r}, not tools/slurm_local.sh's {}: run the lane with make test-slurm, or export the line "
+        "that tools/slurm_local.sh prints".format(os.environ.get("SLURM_CONF"), private))
     state = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30)
     assert state.returncode == 0 and any(s in state.stdout for s in ("idle", "mixed")), (
         "no Slurm node takes jobs (sinfo: {!r} {!r}): start one with tools/slurm_local.sh".format(
             state.stdout, state.stderr))
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                 PATH=os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""))
-
 
 
 @pytest.fixture(scope="module")
