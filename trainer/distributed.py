@@ -58,6 +58,11 @@ class Dist:
         if self.active:
             torch.distributed.barrier()
 
+    def record_failure(self):
+        """This rank ends with a failure of its own: said in the store, so that the ranks it cuts off blame it
+        (rendezvous.peer_failure)."""
+        rendezvous.record_failure(self.store, self.rank)
+
     def close(self):
         if self.active and torch.distributed.is_initialized():
             # torch 2.1's gloo group can deadlock when the last reference to it goes (DDP's Reducer, freed when the

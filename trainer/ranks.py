@@ -62,11 +62,13 @@ class Ranks:
     def running(self):
         return any(c is None for c in self.codes())
 
-    def failed(self):
-        """The rank to blame once one failed (a killed rank rather than its peers), else None."""
+    def failed(self, named=None):
+        """The rank to blame once one failed, else None: a killed rank rather than its peers, then one that failed
+        on its own rather than one that named another's failure (``named(rank)``: exit 1 with one line)."""
         bad = [(r, c) for r, c in enumerate(self.codes()) if c not in (None, 0)]
         killed = [r for r, c in bad if c < 0]
-        return (killed or [r for r, _ in bad] or [None])[0]
+        own = [r for r, c in bad if not (named is not None and c == 1 and named(r))]
+        return (killed or own or [r for r, _ in bad] or [None])[0]
 
     def signal_all(self, sig):
         for p in self.procs:
@@ -96,11 +98,11 @@ class Ranks:
         Returns the rank to blame, or None."""
         while self.running() and self.failed() is None:
             time.sleep(poll)
-        blame = self.failed()
+        blame = self.failed(named)
         if blame is not None and (self.codes()[blame] in ORDERLY or
                                   (named is not None and self.codes()[blame] == 1 and named(blame))):
             self._settle(STOP_GRACE, poll)
-            blame = self.failed()
+            blame = self.failed(named)
         if self.running():
             self.stop(poll=poll)
         return blame

@@ -1,7 +1,8 @@
 """Meeting the other ranks: where the master is (a ``tcp://`` URL read as env:// at its host and port; a one-node
 job's master checked to be this host before any wait), the store the process group starts from (arrivals
-recorded, so that a timeout names the ranks that did not come; a fresh store for each torchrun attempt), and
-every rendezvous or peer failure as one line (``RendezvousError``, exit 1).
+recorded, so that a timeout names the ranks that did not come; a fresh store for each torchrun attempt), every
+rendezvous failure as one line (``RendezvousError``, exit 1), and a peer failure as one line naming the peer where
+the store holds evidence against it (``peer_failure``; a rank's own error keeps its traceback).
 
 Why a fresh store per torchrun attempt: since torch 2.4 the c10d rendezvous of torchrun shares its agent's
 TCPStore with the workers (``TORCHELASTIC_USE_AGENT_STORE=True``), one store for every attempt of the job, and
@@ -21,18 +22,20 @@ import os
 import re
 import secrets
 import socket
-import sys
-import tempfile
 import time
 
 import torch
 
+from trainer import held_stderr
 from trainer.errors import UsageError
+from trainer.lock import _proc_start
 
 ATTEMPT_KEY = "trainer/attempt-store"
 NONCE_KEY = "trainer/nonce"
-ARRIVED = "trainer/arrived/{}"
-FAILED = "trainer/failed/{}"
+ARRIVED = "trainer/arrived/{}"  # a rank came: its process (_this_process)
+SAW = "trainer/saw/{}"  # counters: a rank caught a failure of the group,
+FAILED = "trainer/failed/{}"  # ended with a failure of its own (record_failure),
+GONE = "trainer/gone/{}"  # has ended, as a rank of its machine saw
 STORE_ERRORS = (RuntimeError, OSError)  # what a store raises (torch 2.1: TimeoutError on a connection timeout)
 PROBE_SECONDS = 3.0  # a connection to an entry of a previous attempt is given up after this long, then read again
 SHOW_TRACES = "TORCH_SHOW_CPP_STACKTRACES"  # set to 1: failures raise with torch's own traceback
@@ -182,7 +185,7 @@ def open_store(section, env=None):
         raise RendezvousError("rank {} of {} could not reach the master at {} within --dist-timeout {:g} s ({}): "
                               "start rank 0 first, or give every rank the same --addr and --port (node 0's)".format(
                                   section.rank, section.world_size, where, section.dist_timeout, _first(exc)))
-    store.set(ARRIVED.format(section.rank), "{}:{}".format(socket.gethostname(), os.getpid()))
+    store.set(ARRIVED.format(section.rank), _this_process())
     keys = [ARRIVED.format(r) for r in range(section.world_size)]
     try:
         store.wait(keys, datetime.timedelta(seconds=max(1.0, deadline - time.time())))
@@ -238,30 +241,19 @@ def _first(exc):
 @contextlib.contextmanager
 def quiet_stderr(replay=True):
     """What torch's C++ side writes on file descriptor 2 while the group starts (c10d's socket warnings, gloo's
-    retries) is held back: written out after a start that succeeded (``replay``), dropped after a failure that is
-    reported as one line (kept with TORCH_SHOW_CPP_STACKTRACES=1)."""
-    sys.stderr.flush()
-    with tempfile.TemporaryFile() as held:
-        saved = os.dup(2)
-        os.dup2(held.fileno(), 2)
-        failed = False
+    retries) is held back (trainer/held_stderr.py): written out after a start that succeeded (``replay``), dropped
+    after a failure that is reported as one line (kept with TORCH_SHOW_CPP_STACKTRACES=1). Written out, once,
+    however else the hold ends: an exception, the process's exit, SIGINT or SIGTERM (a rank stopped by its
+    supervisor, a driver or torchrun while it waits keeps its diagnostics)."""
+    with held_stderr.hold(replay or show_traces(), watch_signals=replay) as held:
         try:
             yield
         except RendezvousError:
-            failed = not show_traces()
+            held.drop = not show_traces()
             raise
         except STORE_ERRORS:
-            failed = not replay and not show_traces()
+            held.drop = not replay and not show_traces()
             raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            if not failed and (replay or show_traces()):
-                held.seek(0)
-                text = held.read()
-                if text:
-                    os.write(2, text)
 
 
 # ---------------------------------------------------------------- failures of the group once it runs
@@ -300,33 +292,97 @@ def init_failure(exc, section):
 
 
 def peer_failure(exc, section, store, wait=2.0):
-    """The one line for a collective that failed mid-run because a peer died or hung (None: not such an error).
-    The ranks still alive say so in the store; the ranks that do not within ``wait`` seconds are named."""
+    """The one line for a collective that failed mid-run because of a peer, or None: not an error of the group,
+    a job of one process, or nothing that blames a peer (``_blamed``); then the error is this rank's own and keeps
+    its traceback (the caller records it: ``record_failure``)."""
     kind = failure_kind(exc)
-    if kind is None:
+    if kind is None or store is None or section.world_size <= 1:
         return None
-    gone = _silent_ranks(section, store, wait)
-    who = ("rank(s) {}".format(_ranks(gone)) if gone is not None and gone
-           else "a peer (rank 0, which held the store)" if gone is None else "a peer")
+    blamed = _blamed(section, store, wait)
+    if not blamed:
+        return None
     where = ("its log: torchrun --log-dir's attempt folder, or that node's console" if os.environ.get(
         "TORCHELASTIC_RUN_ID") else "that process's own output")
-    return ("rank {} of {} stopped: {} {} ({}); see {}; continue with --resume auto".format(
-        section.rank, section.world_size, who, "stopped answering" if kind == "timeout" else "failed",
+    return ("rank {} of {} stopped: rank(s) {} {} ({}); see {}; continue with --resume auto".format(
+        section.rank, section.world_size, _ranks(blamed), "stopped answering" if kind == "timeout" else "failed",
         _first(exc), where))
 
 
-def _silent_ranks(section, store, wait):
-    """The ranks that do not report themselves alive within ``wait`` s; None if the store is gone."""
+def record_failure(store, rank, wait=2.0):
+    """Say in the store that ``rank`` ends with a failure of its own (an error it raised, a user error, a
+    divergence, an interruption), so that the ranks its end cuts off blame it."""
     if store is None:
-        return []
+        return
     try:
-        store.set_timeout(datetime.timedelta(seconds=wait))
-        store.set(FAILED.format(section.rank), "1")
-        deadline = time.time() + wait
-        while True:
-            silent = [r for r in range(section.world_size) if not _has(store, FAILED.format(r))]
-            if not silent or time.time() >= deadline:
-                return silent
-            time.sleep(0.1)
+        with quiet_stderr(replay=False):
+            store.set_timeout(datetime.timedelta(seconds=wait))
+            store.add(FAILED.format(rank), 1)
     except STORE_ERRORS:
-        return None
+        pass
+
+
+def _blamed(section, store, wait):
+    """The ranks the store's evidence blames for this rank's failure, looked for during ``wait`` s: those that
+    recorded a failure of their own before it (``record_failure``); those whose process has ended (seen on this
+    machine through the pid they arrived with, or recorded by a rank of theirs); rank 0 if the store, which it
+    holds, is gone; the ranks that did not report the failure when more than half of the job did (a rank that
+    hangs). [] if nothing blames a peer."""
+    me, peers = section.rank, [r for r in range(section.world_size) if r != section.rank]
+    try:
+        with quiet_stderr(replay=False):  # c10d's lines about a store that is gone are expected here
+            store.set_timeout(datetime.timedelta(seconds=max(1.0, wait)))
+            store.add(SAW.format(me), 1)
+            failed = [r for r in peers if _count(store, FAILED.format(r))]
+            if failed:
+                return failed
+            here, processes = _machine(), {r: store.get(ARRIVED.format(r)).decode() for r in peers}
+            deadline = time.time() + wait
+            while True:
+                gone = [r for r in peers if _count(store, GONE.format(r))]
+                for r in peers:
+                    if r not in gone and here and _ended_here(processes[r], here):
+                        store.add(GONE.format(r), 1)  # for the ranks of other machines
+                        gone.append(r)
+                if gone:
+                    return sorted(gone)
+                if time.time() >= deadline:
+                    break
+                time.sleep(0.1)
+            silent = [r for r in peers if not _count(store, SAW.format(r))]
+            return silent if section.world_size - len(silent) > len(silent) else []
+    except STORE_ERRORS:
+        return [0] if me != 0 else []
+
+
+def _count(store, key):
+    return int(store.add(key, 0))
+
+
+def _this_process():
+    """``host:pid:start:machine``, what a rank records on arrival: enough for a rank of the same machine to tell
+    whether this process has ended."""
+    return "{}:{}:{}:{}".format(socket.gethostname(), os.getpid(), _proc_start(os.getpid()), _machine())
+
+
+def _machine():
+    """This boot of this machine and its pid namespace ("" where /proc does not say): processes of the same
+    value see each other's pids."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return "{}/{}".format(f.read().strip(), os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def _ended_here(process, here):
+    """Whether the process recorded as ``process`` (``_this_process``) ran on machine ``here`` and has ended
+    (gone, a zombie, or its pid taken by another process)."""
+    _, pid, start, machine = process.rsplit(":", 3)
+    if machine != here:
+        return False
+    try:
+        with open("/proc/{}/stat".format(pid)) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] in ("Z", "X") or (start != "None" and fields[19] != start)

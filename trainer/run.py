@@ -70,6 +70,7 @@ def worker(plan, amp_timer=None):
         return trainer.evaluate() if plan.run.evaluate else trainer.fit()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
+        dist.record_failure()
         _finish(rs, "interrupted", "interrupted by the user")  # must not cut the summary short
         if dist.is_main and section.mode != "spawn":  # spawn's parent says it for all ranks
             sys.stderr.write(cli.interrupted_line(plan) + "\n")
@@ -78,16 +79,20 @@ def worker(plan, amp_timer=None):
             log.warn("interrupted")
         return 130
     except Diverged as exc:
+        dist.record_failure()
         _finish(rs, "diverged", exc.message(), diverged=exc.info)
         if dist.is_main:
             sys.stderr.write("error: {}\n".format(exc.message()))
             sys.stderr.flush()
         return exc.exit_code
     except UsageError as exc:
+        dist.record_failure()
         _finish(rs, "failed", one_line(exc))
         return cli.report(exc)
     except BaseException as exc:
         line = None if show_traces() else peer_failure(exc, section, dist.store)
+        if line is None:  # this rank's own error (its traceback kept): the ranks it cuts off blame it
+            dist.record_failure()
         if line is not None or out_of_memory(exc):
             line = line or cli.out_of_memory_line(plan, device)
             _finish(rs, "failed", line)

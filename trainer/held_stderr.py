@@ -1,0 +1,154 @@
+"""File descriptor 2 held back while torch's C++ side may write on it (the rendezvous: c10d's socket warnings,
+gloo's retries), and written out, once, however the hold ends: as its owner decides when it ends normally, and
+at an exception, the process's exit (atexit) or SIGINT/SIGTERM (a rank stopped by its supervisor, a driver or
+torchrun while it waits keeps its diagnostics). ``hold`` is the one entry; trainer/rendezvous.py's
+``quiet_stderr`` decides what a failure drops."""
+import atexit
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+
+class _Hold:
+    """File descriptor 2 redirected into a temporary file until ``release``."""
+
+    def __init__(self):
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        self.released, self.drop = False, False
+
+    def release(self, replay):
+        """fd 2 back as it was, the held text written there if ``replay``; only the first call acts."""
+        if self.released:
+            return
+        self.released = True
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        if replay:
+            self.file.seek(0)
+            text = self.file.read()
+            while text:
+                text = text[os.write(2, text):]
+        self.file.close()
+
+
+_HOLDS = []  # the holds in force, outermost first
+_HOLDS_LOCK = threading.RLock()
+
+
+def _release_all():
+    """Every hold in force written out, innermost first (each into the one around it): the process is stopped
+    or ends while they hold."""
+    with _HOLDS_LOCK:
+        for hold in reversed(_HOLDS):
+            hold.release(True)
+
+
+atexit.register(_release_all)
+
+
+def _end_by(sig):
+    """End this process by ``sig``'s default action, from any thread (``signal.signal`` works in the main thread
+    only; libc's ``signal`` in every thread)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+        libc.signal(int(sig), None)  # SIG_DFL
+        os.kill(os.getpid(), sig)
+        time.sleep(1.0)
+    except (OSError, AttributeError):
+        pass
+    os._exit(128 + int(sig))
+
+
+class _OnStop:
+    """While stderr is held: SIGINT or SIGTERM write it out at once, then take their course (a handler of the
+    process's own is called; otherwise the process ends by the signal, as it would have). A thread does it:
+    Python runs signal handlers in the main thread only, which may be inside torch's wait for the other ranks
+    (until --dist-timeout); ``signal.set_wakeup_fd`` tells the thread."""
+
+    def __init__(self):
+        self.old, self.wakeup = {}, None
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.write, False)
+        try:
+            self.wakeup = signal.set_wakeup_fd(self.write)  # ValueError outside the main thread
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                handler = signal.getsignal(sig)
+                if handler not in (signal.SIG_IGN, None):
+                    self.old[sig] = handler
+                    signal.signal(sig, self._handler)
+        except ValueError:
+            self.close()
+            raise
+        self.thread = threading.Thread(target=self._watch, name="held-stderr", daemon=True)
+        self.thread.start()
+
+    def _ends(self, sig):
+        """Whether ``sig`` would end the process (a KeyboardInterrupt at the rendezvous ends the rank)."""
+        return self.old[sig] in (signal.SIG_DFL, signal.default_int_handler)
+
+    def _handler(self, sig, frame):  # the main thread, once Python runs again there
+        _release_all()
+        if self._ends(sig):
+            _end_by(sig)
+        self.old[sig](sig, frame)
+
+    def _watch(self):  # at once
+        while True:
+            select.select([self.read], [], [])
+            for sig in bytearray(os.read(self.read, 64)):
+                if sig == 0:
+                    return
+                if sig in self.old:
+                    _release_all()
+                    if self._ends(sig):
+                        _end_by(sig)
+
+    def close(self):
+        if self.wakeup is not None:
+            signal.set_wakeup_fd(self.wakeup)
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+        if getattr(self, "thread", None) is not None:
+            os.write(self.write, b"\0")
+            self.thread.join()
+        os.close(self.read)
+        os.close(self.write)
+
+
+@contextlib.contextmanager
+def hold(write_out, watch_signals=True):
+    """fd 2 into a temporary file while the block runs; afterwards its text is written out where ``write_out``
+    and the owner did not set ``.drop`` on the hold it was given. With ``watch_signals`` (the outermost hold of
+    the main thread), SIGINT and SIGTERM write it out at once."""
+    with _HOLDS_LOCK:
+        held = _Hold()
+        _HOLDS.append(held)
+    on_stop = None
+    if watch_signals and len(_HOLDS) == 1:
+        try:
+            on_stop = _OnStop()
+        except ValueError:  # not the main thread: no signal handlers
+            pass
+    try:
+        yield held
+    finally:
+        with _HOLDS_LOCK:
+            held.release(write_out and not held.drop)
+            _HOLDS.remove(held)
+        if on_stop is not None:
+            on_stop.close()
