@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The entry name Ascend ModelZoo's Shufflenetv2 scripts start (``python3 8p_main_med.py ...``): main.py, run as
-that entry (its parser's defaults and the log lines its scripts read: trainer/zoo.py, README "Ascend ModelZoo's
-scripts"). ``python3 8p_main_med.py --help`` lists the flags."""
+that entry (its parser's defaults and the log lines its scripts read: trainer/zoo.py, docs/MODELZOO.md
+"Ascend ModelZoo's scripts and flags"). ``python3 8p_main_med.py --help`` lists the flags."""
 import os
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """Which --amp dtype is fastest on this device: bare forward/backward/step loops (no data pipeline) of
 ResNet50 and ShuffleNetV2 x1.0 (NPU form) in float32, bfloat16 and float16 (+ loss scaler), each with the
 optimizer the device layer pairs with it, channels-last, cudnn autotuning off and on (where cudnn is there),
-beside what `--amp` (auto) would train in: on a device that measures its choice (a CPU: trainer/amp_probe.py),
+beside what `--amp` (auto) would train in: on a device that measures its choice (a CPU: trainer/precision/amp_probe.py),
 the probe's verdict, both its rates and its cost, for the same model at the same size.
 
     python3 -m bench.amp_dtype [--device auto] [--model ARCH:BATCH ...] [--dtypes float32,bfloat16,float16]
@@ -22,7 +22,7 @@ import torch
 
 import models
 from tools._battery import auto_choice, bare_loop, describe_auto
-from trainer.amp_probe import load_average
+from trainer.precision.amp_probe import load_average
 from trainer.device import Device
 
 MODELS = (("resnet50", 256), ("shufflenet_v2_x1_0_npu", 1024))

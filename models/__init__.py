@@ -1,7 +1,7 @@
 """Model registry: torchvision's classification models plus this project's variants.
 
 ``get_model(name, num_classes=1000, **kwargs)`` builds a model by name, randomly initialised
-(weights files are the trainer's business: trainer/checkpoint.py); nothing is ever downloaded here.
+(weights files are the trainer's business: trainer/record/checkpoint.py); nothing is ever downloaded here.
 ``published_weights_url(name)`` says where torchvision publishes ImageNet weights for a name.
 ``list_models()`` gives every name, for ``--help`` and for suggestions. This project's own models are registered
 with ``register_model`` (models/registry.py, the one module a model module imports).

@@ -129,7 +129,7 @@ def case_values(summary, network, rank_size, batch_size, mode):
 def step_losses(folder):
     """[loss, ...] of every printed training step, in order, from the run's metrics.jsonl (each epoch record's
     ``step_losses``: [[global_step, loss], ...]); None without a metrics.jsonl."""
-    from trainer.observe import METRICS, read_records
+    from trainer.record.observe import METRICS, read_records
     path = os.path.join(folder, METRICS)
     if not os.path.isfile(path):
         return None
@@ -352,7 +352,7 @@ DEFAULT_LOSS_RTOL = 0.05  # relative difference of an epoch's mean training loss
 
 
 def _epoch_records(folder):
-    from trainer.observe import METRICS, read_records  # the trainer's own reader (a torn last line is ignored)
+    from trainer.record.observe import METRICS, read_records  # the trainer's own reader (a torn last line is ignored)
     path = os.path.join(folder, METRICS)
     if not os.path.isfile(path):
         raise AcceptanceError("'{}' has no metrics.jsonl: give the --output-dir of a run".format(folder))

@@ -21,7 +21,7 @@ import time
 
 from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage, within
 from trainer.errors import UsageError
-from trainer.lifeline import die_with_parent
+from trainer.job.lifeline import die_with_parent
 
 # ---------------------------------------------------------------- launch and supervise
 
@@ -60,7 +60,7 @@ def _child_setup(driver_pid):
 def start_ranks(p, cmd, env, ranks):
     """One main.py process per device, each with its log file and its own process group, added to ``ranks``;
     returns the logs."""
-    from trainer.launch import free_port
+    from trainer.job.launch import free_port
     port = int(p.port) if p.port else (free_port() if p.scale != "1p" else None)
     logs = []
     for r in range(p.ranks):
@@ -74,7 +74,7 @@ def start_ranks(p, cmd, env, ranks):
         if p.scale == "1p":
             print("started: pid {}, log {}".format(proc.pid, log), flush=True)
         else:
-            # each rank binds its own cores (main.py --cpu-binding, trainer/affinity.py): no taskset here
+            # each rank binds its own cores (main.py --cpu-binding, trainer/job/affinity.py): no taskset here
             print("rank {}: pid {}, device {}, log {}".format(p.node_rank * p.ranks + r, proc.pid, p.devices[r], log),
                   flush=True)
     return logs
@@ -122,7 +122,7 @@ def _inputs(p):
 def _earlier_runs_files(folder):
     """The paths (relative to ``folder``) main.py's runs there wrote, as their summaries list them, and the names
     main.py writes whatever the record (a folder without one)."""
-    from trainer import checkpoint, observe, summary
+    from trainer.record import checkpoint, observe, summary
     names = {checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY, summary.EVAL_SUMMARY, observe.METRICS}
     for name in (summary.SUMMARY, summary.EVAL_SUMMARY):
         record = summary.read_record(folder, name)
@@ -146,7 +146,7 @@ def move_aside(p):
         if not held:
             os.rename(folder, dest)
         else:
-            from trainer.folders import holds
+            from trainer.record.folders import holds
             earlier = _earlier_runs_files(folder)
             rels = [os.path.relpath(os.path.realpath(i[2]), real) for i in held]
             stays = [i for i, rel in zip(held, rels) if not any(
@@ -218,7 +218,7 @@ def run(mode, scale, argv, env=None):
         " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
     print("command: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     t0 = time.time()
-    from trainer.ranks import Interrupted, Ranks
+    from trainer.job.ranks import Interrupted, Ranks
     ranks = Ranks(groups=True)
     try:
         with ranks:

@@ -70,7 +70,7 @@ batch kept, lr linear in the batch); arguments given win.
   --fps_ratio=X          fraction of the baseline FPS required (default 0.9)
   -- ARGS                passed to main.py unchanged (e.g. -- --seed 60 --port 29688)
 
-ModelZoo's script arguments (README "ModelZoo's scripts and flags -> what runs here"):
+ModelZoo's script arguments (docs/MODELZOO.md "ModelZoo's script arguments -> what runs here"):
   --hf32 | --fp32        ALLOW_HF32=True | ALLOW_FP32=True for the ranks, float32 training (not both)
   --precision_mode=M     allow_mix_precision, amp, force_fp16 -> O2; allow_fp32_to_fp16 -> O1;
                          must_keep_origin_dtype -> fp32
@@ -243,8 +243,8 @@ def resolve(a, mode, scale, script, env):
                 raise UsageError("--rank_size={} but --device_list={} names {} device(s)".format(
                     rank_size, a.device_list, len(p.devices)))
         elif env.get("RANK_TABLE_FILE"):  # the job's rank table: this host's devices, in its order
-            from trainer.clusters import host_devices
-            from trainer.rendezvous import is_local_address
+            from trainer.job.clusters import host_devices
+            from trainer.job.rendezvous import is_local_address
             p.devices = host_devices(env, is_local_address)
             if rank_size is not None and rank_size != len(p.devices):
                 raise UsageError("--rank_size={} but RANK_TABLE_FILE '{}' lists {} device(s) for this host ({}): "
@@ -259,7 +259,7 @@ def resolve(a, mode, scale, script, env):
         if scale in NODE_SCALES:
             nodes(a, p, scale)
             if p.nodes > 1 and port is None:
-                from trainer.launch import DEFAULT_PORT
+                from trainer.job.launch import DEFAULT_PORT
                 port = str(DEFAULT_PORT)  # every node must name the same port
     p.world = p.nodes * p.ranks
     p.device_id, p.port = device_id, port
@@ -322,7 +322,7 @@ def resolve(a, mode, scale, script, env):
     if os.path.exists(p.output_dir) and not os.path.isdir(p.output_dir):
         raise UsageError("--output_dir '{}' is a file, not a folder".format(p.output_dir))
     p.output_action = "new"
-    from trainer import lock
+    from trainer.record import lock
     busy = lock.holder(p.output_dir) if os.path.isdir(p.output_dir) else None
     if busy:
         raise UsageError("--output_dir '{}' is in use by {}: wait for it to finish or stop it, or choose another "

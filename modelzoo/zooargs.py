@@ -1,6 +1,7 @@
 """ModelZoo's script arguments at our drivers (test/*.sh), each with its ModelZoo meaning: what it changes in the
 main.py command line, in the ranks' environment, or which note it prints instead. Pure functions: modelzoo/plan.py
-calls ``apply`` after its own argument checks. README "ModelZoo's scripts and flags -> what runs here" lists them.
+calls ``apply`` after its own argument checks. docs/MODELZOO.md "ModelZoo's script arguments -> what runs
+here" lists them.
 """
 import os
 

@@ -2,7 +2,7 @@
 # Accuracy run on two nodes of 8 devices, Ascend ModelZoo style: one driver per node, each with
 # --node_rank=0|1 and node 0's --master_addr=IP (--world_size=1 --rank_size=16: one node of 16 devices):
 #   bash test/train_full_16p.sh --data_path=DIR [--arch=resnet50] [--key=value ...] [-- main.py flags]
-# See --help and README.md ("ModelZoo-style drivers"); the driver is modelzoo/drivers.py.
+# See --help and docs/MODELZOO.md ("ModelZoo-style drivers"); the driver is modelzoo/drivers.py.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

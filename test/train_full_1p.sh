@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Accuracy run on one device, Ascend ModelZoo style:
 #   bash test/train_full_1p.sh --data_path=DIR [--arch=resnet50] [--key=value ...] [-- main.py flags]
-# See --help and README.md ("ModelZoo-style drivers"); the driver is modelzoo/drivers.py.
+# See --help and docs/MODELZOO.md ("ModelZoo-style drivers"); the driver is modelzoo/drivers.py.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -10,7 +10,7 @@ import apex  # the fake Ascend apex
 
 assert getattr(torch_npu, "FAKE", False), "the real torch_npu must never be probed by tests"
 
-from trainer import amp as ampmod  # noqa: E402
+from trainer.precision import amp as ampmod  # noqa: E402
 from trainer import device as devmod  # noqa: E402
 from trainer import optim  # noqa: E402
 from trainer.config import OptimConfig, parse_config  # noqa: E402
@@ -133,7 +133,7 @@ obs["apex_state_keys"] = sorted(step.checkpoint_entries())
 obs["apex_optimizer"] = step.name
 
 # 6. device list checks before any process starts
-from trainer import launch  # noqa: E402
+from trainer.job import launch  # noqa: E402
 try:
     launch.check_devices(cfg_for("--device", "npu", "--device-list", "0-8").launch, "npu")
     obs["too_many"] = "allowed"

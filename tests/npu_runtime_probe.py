@@ -11,11 +11,12 @@ import torch_npu  # the fake (tests/fake_npu)
 
 assert getattr(torch_npu, "FAKE", False), "the real torch_npu must never be probed by tests"
 
-from trainer import affinity, data  # noqa: E402
+from trainer import data  # noqa: E402
+from trainer.job import affinity  # noqa: E402
 from trainer import device as devmod  # noqa: E402
 from trainer.config import DataConfig, parse_config  # noqa: E402
 from trainer.errors import UsageError  # noqa: E402
-from trainer.profiling import StepProfiler  # noqa: E402
+from trainer.record.profiling import StepProfiler  # noqa: E402
 
 out_dir, flags = sys.argv[1], sys.argv[2:]
 obs = {"release": torch_npu.__version__}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import RANKS, SMALL, read_summary, run_main
-from trainer import amp_probe
+from trainer.precision import amp_probe
 from trainer import run as runmod
 from trainer.config import parse_config
 from trainer.device import Device

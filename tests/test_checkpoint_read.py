@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import PY, ROOT, SMALL, read_summary, run_main
-from trainer import checkpoint
+from trainer.record import checkpoint
 
 pytestmark = pytest.mark.timeout(300)
 

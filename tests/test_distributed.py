@@ -221,7 +221,8 @@ def crash_on_rank_1(plan):
 
 
 def test_a_spawned_ranks_traceback_reaches_the_user_once_and_the_others_stop(tmp_path, capfd):
-    from trainer import config, ranks
+    from trainer import config
+    from trainer.job import ranks
     from trainer.plan import plan
     cfg = config.parse_config(["--dummy", "--device", "cpu", "--multiprocessing-distributed", "--device-list",
                                "0,1", "--port", "0", "-b", "8", "--output-dir", str(tmp_path)], env={}).cfg

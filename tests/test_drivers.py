@@ -743,7 +743,7 @@ def test_driver_refuses_to_move_aside_a_folder_a_run_holds(shapes, tmp_path):
     out = tmp_path / "busy"
     out.mkdir()
     (out / "train_0.log").write_text("an earlier run\n")
-    holder = subprocess.Popen([PY, "-c", "import sys, time; from trainer.lock import RunLock; "
+    holder = subprocess.Popen([PY, "-c", "import sys, time; from trainer.record.lock import RunLock; "
                                "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)", str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

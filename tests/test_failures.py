@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, free_port, read_lines, read_summary
-from trainer.ranks import Ranks
+from trainer.job.ranks import Ranks
 
 pytestmark = pytest.mark.timeout(300)
 

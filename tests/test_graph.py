@@ -10,7 +10,7 @@ import torch
 
 import models
 from conftest import PY, RANKS, ROOT, SMALL, call, needs_cpu_float16, read_summary, run_main
-from trainer import amp as ampmod
+from trainer.precision import amp as ampmod
 from trainer import graph, optim
 from trainer.config import ModelConfig, OptimConfig, PrecisionConfig, parse_config
 from trainer.plan import plan

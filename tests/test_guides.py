@@ -11,7 +11,7 @@ import torch
 
 import models
 from conftest import PY, ROOT, SMALL, assert_one_line_error, read_lines, read_summary, run_main
-from trainer import lock
+from trainer.record import lock
 from trainer.errors import UsageError
 
 RUN = ["-a", "tiny_cnn", "-b", "4", "--lr", "0.05", "--seed", "3", "--device", "cpu", "-p", "1",

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from conftest import assert_one_line_error, run_main
-from trainer import clusters, rendezvous
+from trainer.job import clusters, rendezvous
 from trainer.config import parse_config
 from trainer.errors import UsageError
 

@@ -144,6 +144,59 @@ def test_no_import_cycle():
     assert not cycles, "\n".join(cycles)
 
 
+# trainer/'s subsystems, lowest first: each imports only those before it and the spine's leaves; the spine (the
+# modules at trainer/'s top that are not leaves) imports them all, and no subsystem imports the spine
+SUBSYSTEMS = ("device", "optim", "record", "precision", "job", "data")
+LEAVES = ("errors", "device_names", "cli", "flags", "recipes", "zoo", "graph", "guard")  # imported by subsystems too
+SPINE = ("config", "plan", "run", "trainer", "engine")
+
+
+def _part(name):
+    """trainer's part a module belongs to: a subsystem, "leaf" or "spine"; None outside trainer."""
+    parts = name.split(".")
+    if parts[0] != "trainer" or len(parts) < 2:
+        return None
+    if parts[1] in SUBSYSTEMS:
+        return parts[1]
+    return "leaf" if parts[1] in LEAVES else "spine" if parts[1] in SPINE else "unknown"
+
+
+LEAF_MAY_IMPORT = ("device", "optim")  # the spine's leaves are imported by subsystems: they stay below the rest
+
+
+def _across(name, target):
+    """Why trainer module ``name`` must not import ``target``, or None."""
+    mine, theirs = _part(name), _part(target)
+    if mine is None or theirs is None:
+        return None
+    if "unknown" in (mine, theirs):
+        return "{} is in no part of trainer/: name it in tests/test_layout.py".format(
+            name if mine == "unknown" else target)
+    if mine == theirs or theirs == "leaf" or mine == "spine":
+        return None
+    if theirs == "spine":
+        return "the spine imports the subsystems, not the other way"
+    if mine == "leaf":
+        return None if theirs in LEAF_MAY_IMPORT else "a leaf of the spine imports only {}".format(
+            " and ".join(LEAF_MAY_IMPORT))
+    if SUBSYSTEMS.index(theirs) > SUBSYSTEMS.index(mine):
+        return "{} is above {}".format(theirs, mine)
+    return None
+
+
+def test_trainers_subsystems_are_packages_that_import_only_downward():
+    """tree trainer: the spine at the top, one package per subsystem; every module of trainer/ is in a part."""
+    top = sorted(n.split(".")[1] for n in SOURCES if n.startswith("trainer.") and n.count(".") == 1)
+    assert set(top) == set(SUBSYSTEMS + LEAVES + SPINE), top
+    for package in SUBSYSTEMS:
+        assert _is_package("trainer." + package), package
+        doc = ast.get_docstring(TREES["trainer." + package]) or ""
+        assert "May import" in doc or package in ("device", "optim", "data"), package
+    wrong = ["{}:{} imports {} ({})".format(os.path.relpath(SOURCES[name], ROOT), line, target, _across(name, target))
+             for name in SOURCES for line, target in _imports(name, import_time_only=False) if _across(name, target)]
+    assert not wrong, "\n".join(wrong)
+
+
 def _sys_path_edits(tree):
     def is_sys_path(node):
         return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
@@ -206,6 +259,9 @@ def test_the_checks_see_what_they_check():
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == ["a -> b -> c -> a"]
     assert _upward("trainer.run", "modelzoo.plan") and _upward("models.tiny", "trainer.errors")
     assert _upward("tools.plot_runs", "main") and not _upward("tools.acceptance", "modelzoo.acceptance")
+    assert _across("trainer.record.summary", "trainer.job.ranks") == "job is above record"
+    assert _across("trainer.job.ranks", "trainer.plan") and not _across("trainer.plan", "trainer.job.ranks")
+    assert _across("trainer.newthing", "trainer.errors") and not _across("trainer.job.ranks", "trainer.cli")
     assert "trainer.errors" in {t for _, t in _imports("modelzoo.plan", import_time_only=True)}
     assert _project("trainer.errors.UsageError") == "trainer.errors" and _project("torch.nn") is None
     wide = ast.parse("def f(a, b, c, d, e, g, h, i, *rest, **kw): pass\nclass C:\n    def m(self, a, *, b=1): pass\n")

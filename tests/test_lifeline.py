@@ -1,4 +1,4 @@
-"""A process ends with the one that started it (trainer/lifeline.py): a data loader's workers with their rank,
+"""A process ends with the one that started it (trainer/job/lifeline.py): a data loader's workers with their rank,
 also a rank killed while its workers were still starting (torch's own watchdog then waits forever), and a
 process whose parent was gone before it could arm the signal."""
 import json
@@ -76,7 +76,7 @@ def test_a_process_killed_while_its_workers_start_leaves_none_behind(attempt):
 
 def test_a_process_whose_parent_is_gone_before_it_arms_the_signal_ends(tmp_path):
     survived = tmp_path / "survived"
-    child = ("import os, sys, time, signal; sys.path.insert(0, {root!r}); from trainer import lifeline\n"
+    child = ("import os, sys, time, signal; sys.path.insert(0, {root!r}); from trainer.job import lifeline\n"
              "parent = int(sys.argv[1]); print(os.getpid(), flush=True)\n"
              "while os.getppid() == parent: time.sleep(0.05)\n"  # the shell that started it has ended
              "lifeline.die_with_parent(signal.SIGTERM, parent)\n"

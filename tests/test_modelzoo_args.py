@@ -260,7 +260,7 @@ def test_modelzoo_switches_on_a_real_1p_run(data, tmp_path):
 
 
 def free_port():
-    return subprocess.run([PY, "-c", "from trainer.launch import free_port; print(free_port())"], cwd=ROOT,
+    return subprocess.run([PY, "-c", "from trainer.job.launch import free_port; print(free_port())"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
 
 

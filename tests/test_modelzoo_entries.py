@@ -8,9 +8,10 @@ import subprocess
 import pytest
 
 from conftest import PY, RANKS, ROOT, THREADS, assert_one_line_error, read_summary
-from trainer import config, launch, zoo
+from trainer import config, zoo
+from trainer.job import launch
 from trainer.errors import UsageError
-from trainer.schedule import Schedule
+from trainer.optim.schedule import Schedule
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
-from trainer import affinity
+from trainer.job import affinity
 from trainer.device import runtime
 from trainer.device.npu import NpuDevice
 
@@ -223,7 +223,7 @@ def test_spawn_binds_each_rank_and_its_workers(shapes, tmp_path):
 @RANKS
 @needs_two_cores
 def test_torchrun_binds_each_rank_and_its_workers(shapes, tmp_path):
-    from trainer.launch import free_port
+    from trainer.job.launch import free_port
     cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            os.path.join(ROOT, "main.py"), shapes, "--device", "cpu", "--output-dir", str(tmp_path)] + LONG
     ranks, workers, out = _affinities_while_running(cmd, clean_env(OMP_NUM_THREADS="1"), 1)

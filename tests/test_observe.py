@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import CPU_FLOAT16, PY, ROOT, SMALL, THREADS, assert_one_line_error, read_summary, run_main, run_tool
-from trainer.observe import METRICS, read_records
+from trainer.record.observe import METRICS, read_records
 
 pytestmark = pytest.mark.timeout(240)
 

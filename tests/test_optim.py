@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import PY, ROOT, SMALL, assert_one_line_error, needs_cpu_float16, read_summary, run_main
-from trainer import amp as ampmod
+from trainer.precision import amp as ampmod
 from trainer import optim
 from trainer.config import OptimConfig, build_parser
 from trainer.device import Device, torch_load
@@ -237,7 +237,7 @@ NPU_SCRIPT = r"""
 import json, torch
 import torch_npu, apex  # the fakes
 assert getattr(torch_npu, "FAKE", False)
-from trainer import amp as ampmod
+from trainer.precision import amp as ampmod
 from trainer.device import Device
 from trainer.optim import create_optimizer
 from trainer.optim.lars import LARS

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from trainer import checkpoint
+from trainer.record import checkpoint
 from trainer.config import parse_config
 from trainer.device import Device
 from trainer.errors import UsageError

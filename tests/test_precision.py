@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import RANKS, SMALL, assert_one_line_error, needs_cpu_float16, read_summary, run_main
-from trainer import amp as ampmod
+from trainer.precision import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
 from trainer.device import host as hostmod
@@ -17,7 +17,7 @@ from trainer.config import OptimConfig
 from trainer.optim import create_optimizer
 from trainer.optim import sgd as sgdmod
 from trainer.guard import MAX_CONSECUTIVE_OVERFLOWS, Diverged, Guard
-from trainer.distributed import Dist
+from trainer.job.distributed import Dist
 
 pytestmark = pytest.mark.timeout(300)
 

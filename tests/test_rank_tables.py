@@ -10,7 +10,7 @@ import pytest
 
 from conftest import (PY, RANKS, ROOT, SMALL, assert_one_line_error, child_env, finish, free_port, read_summary,
                       run_main)
-from trainer import affinity, launch
+from trainer.job import affinity, launch
 from trainer.config import parse_config
 from trainer.device import runtime
 

@@ -11,9 +11,9 @@ import models
 from conftest import (PY, ROOT, SMALL, assert_call_error, assert_one_line_error, call, read_summary, run_main,
                       run_tool)
 from tools import compare_precision, export_onnx, op_report
-from trainer import checkpoint
+from trainer.record import checkpoint
 from trainer.device import Device
-from trainer.profiling import StepProfiler
+from trainer.record.profiling import StepProfiler
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 
@@ -407,9 +407,9 @@ def test_step_profiler_close_writes_an_unfinished_window(tmp_path):
 
 NPU_PROFILE = """
 import json, sys, torch
-from trainer import checkpoint
+from trainer.record import checkpoint
 from trainer.device import Device
-from trainer.profiling import StepProfiler
+from trainer.record.profiling import StepProfiler
 dev = Device.create("npu", 0)
 lines = []
 prof = StepProfiler((1, 3), True, dev, sys.argv[1], 2, lambda m, **k: lines.append(m))

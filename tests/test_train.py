@@ -136,7 +136,7 @@ def test_hard_crash_while_writing_checkpoint_keeps_previous(tmp_path):
     code = (
         "import os, sys, torch\n"
         "sys.path.insert(0, {root!r})\n"
-        "from trainer import checkpoint\n"
+        "from trainer.record import checkpoint\n"
         "checkpoint.save({{'epoch': 1, 'w': torch.arange(10)}}, {path!r})\n"
         "def half(f):\n"
         "    f.write(b'PK' + b'x' * 1000); f.flush(); os._exit(9)\n"
@@ -149,7 +149,7 @@ def test_hard_crash_while_writing_checkpoint_keeps_previous(tmp_path):
 
 
 def test_exception_while_writing_checkpoint_keeps_previous_and_cleans_up(tmp_path):
-    from trainer import checkpoint
+    from trainer.record import checkpoint
     path = str(tmp_path / "checkpoint.pth.tar")
     checkpoint.save({"epoch": 1}, path)
 

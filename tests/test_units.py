@@ -11,15 +11,16 @@ import pytest
 import torch
 
 from conftest import gone
-from trainer import metrics, recipes
+from trainer import recipes
+from trainer.record import metrics
 from trainer.config import build_parser
 from trainer.device import Device
-from trainer import launch
-from trainer import ranks as supervision
-from trainer.launch import resolve_launch
-from trainer.ranks import Interrupted, Ranks
+from trainer.job import launch
+from trainer.job import ranks as supervision
+from trainer.job.launch import resolve_launch
+from trainer.job.ranks import Interrupted, Ranks
 from trainer.errors import UsageError
-from trainer.schedule import Schedule
+from trainer.optim.schedule import Schedule
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,7 +126,7 @@ def _cfg(*argv):
 
 def _settled(*argv):
     """amp.settle on the CPU: (the precision section decided, notes)."""
-    from trainer import amp as ampmod
+    from trainer.precision import amp as ampmod
     parsed = _parsed(*argv)
     return ampmod.settle(parsed.cfg, "cpu")
 
@@ -277,7 +278,7 @@ def test_string_defaults_go_through_the_flags_type_as_argparse_does_with_them():
 
 
 def test_opt_level_and_loss_scale_are_none_unless_given():
-    from trainer import amp as ampmod
+    from trainer.precision import amp as ampmod
     from trainer.config import PrecisionConfig
     p = _cfg().precision
     assert (p.opt_level, p.loss_scale, p.preset) == (None, None, ())

@@ -27,7 +27,8 @@ def train_in_process(out, args, batched=True, decode_ahead=None):
     prepares the next batch in a thread (None: the device's choice, ``Device.decode_ahead``). Returns (exit
     code, summary dict (the evaluation's with -e), epoch losses)."""
     import dataclasses
-    from trainer import run, summary
+    from trainer import run
+    from trainer.record import summary
     from trainer.config import parse_config
     from trainer.plan import plan
     parsed = parse_config(args + ["--output-dir", out, "--no-tensorboard", "--progress", "lines"], env={})
@@ -74,7 +75,7 @@ def backends_alike(runs, gap, cross_gap):
 
 def overflow_contract(device, precision, fused):
     """(problem or None, optimizer name): one overflow step then two finite ones against plain SGD."""
-    from trainer import amp as ampmod
+    from trainer.precision import amp as ampmod
     from trainer import optim
     from trainer.config import OptimConfig
     torch.manual_seed(0)
@@ -116,7 +117,7 @@ def bare_loop(device, arch, batch, size, steps, warm, amp_dtype="auto"):
     """images/s of a bare forward/backward/step loop with the trainer's precision choice for ``--amp
     --amp-dtype amp_dtype`` (None: float32), on one batch kept on the device (no data pipeline)."""
     import models
-    from trainer import amp as ampmod
+    from trainer.precision import amp as ampmod
     from trainer import optim
     from trainer.config import OptimConfig
     dtype = None if amp_dtype is None else device.resolve_amp_dtype(amp_dtype)[0]
@@ -149,10 +150,10 @@ def bare_loop(device, arch, batch, size, steps, warm, amp_dtype="auto"):
 
 def auto_choice(device, arch, batch, size):
     """What ``--amp`` (auto) trains ``arch`` in on ``device`` at ``size`` px: {"choice": dtype name, ...}; where the
-    device measures its choice (``Device.measures_amp_dtype``), the probe's record (trainer/amp_probe.py: both rates
+    device measures its choice (``Device.measures_amp_dtype``), the probe's record (precision/amp_probe.py: both rates
     and its cost, measured afresh rather than read from the cache), else {"choice", "rule"}."""
     import models
-    from trainer import amp_probe
+    from trainer.precision import amp_probe
     candidate, note = device.resolve_amp_dtype("auto")
     if not device.measures_amp_dtype or candidate is None:
         return {"choice": amp_probe.dtype_name(candidate), "rule": note or "the device's rule"}

@@ -25,8 +25,8 @@ Checks (each PASS or FAIL, or SKIP where the installed torch cannot run it; a ta
                   also without it
   fps-compiled    the synthetic-data runs of the FPS checks again with --compile (graph mode; ResNet50's
                   only with --small): PASS where each compiles and trains; its images/s, compile time and
-                  ratio to the eager run are reported (a CPU may run slower compiled: README "Graph mode");
-                  SKIP on a torch without torch.compile
+                  ratio to the eager run are reported (a CPU may run slower compiled: docs/RUNNING.md
+                  "Graph mode"); SKIP on a torch without torch.compile
   backends        train-fp32's run once per data backend (cpu, and the device's JPEG decoder), same seed:
                   both train, their Acc@1 differ by at most 15 points, and each model validated through
                   the other backend scores within 3 points of its own; on a CPU the device backend's
@@ -149,7 +149,7 @@ class Battery:
 
     # -- checks
     def check_contract(self):
-        from trainer import amp as ampmod
+        from trainer.precision import amp as ampmod
         from trainer.optim.sgd import fused_sgd_skips_overflow
         skipped = self.device.float16_missing()
         pairings = [] if skipped else [("float16", None), ("float16", 128.0)]

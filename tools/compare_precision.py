@@ -336,7 +336,7 @@ def run(args, out=None):
             ref.name))
     amp_dtype = None
     if args.target_amp:
-        from trainer.amp import inspection_dtype
+        from trainer.precision.amp import inspection_dtype
         amp_dtype, note = inspection_dtype(tgt, args.amp_dtype)
         if note:
             log("note: " + note)

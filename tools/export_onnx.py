@@ -104,7 +104,7 @@ def _classes_from_state_dict(sd):
 def load_model(path, arch=None, num_classes=None, log=print):
     """(model in eval mode on the CPU, arch, num_classes) from a checkpoint or state dict."""
     import models
-    from trainer import checkpoint
+    from trainer.record import checkpoint
 
     obj = checkpoint.read(path)
     sd = checkpoint.state_dict_of(obj, path)

@@ -33,7 +33,7 @@ import sys
 import torch
 
 from trainer import cli
-from trainer.amp import inspection_dtype
+from trainer.precision.amp import inspection_dtype
 from trainer.errors import UsageError
 
 FILES = ("all_ops.txt", "dynamic_ops.txt", "unsupported_ops.txt", "op_report.json")

@@ -16,7 +16,7 @@ import sys
 
 from trainer import cli
 from trainer.errors import UsageError
-from trainer.observe import METRICS, read_records
+from trainer.record.observe import METRICS, read_records
 
 
 def load_run(folder):

@@ -1,14 +1,23 @@
-"""Machinery of the ImageNet trainer, one concern per module (the flow: README.md, "Architecture").
+"""The ImageNet trainer (the flow: docs/DESIGN.md, "Architecture"). The run's spine is at the top,
+each subsystem a package below it.
 
-config      command line -> frozen Config (asked)  recipes   recipes.json and the one scaling rule
-plan        plan(cfg, env) -> Plan: decided once   trainer   Trainer: owns its parts; fit, evaluate
-device      the only package naming npu/cuda/cpu    distributed  launch modes, ranks, collectives
-optim       optimizers by name (--optimizer)
-data        folders, fixed-shape loaders            amp       precision + the optimizer step object
-guard       divergence guard                        engine    train / validate loops (the Trainer's)
-checkpoint  atomic save, load, CheckpointSaver      metrics   meters, accuracy, log lines
-summary     summary.json                            schedule  the LR as a function of the position
-profiling   --profile-steps                         run       run -> plan -> worker -> Trainer
-cli, errors  one-line errors, exit code 2          (the ModelZoo drivers: the modelzoo package)
-lock        one writer per --output-dir (run.lock)   observe   TensorBoard, metrics.jsonl, progress bar
+The spine:  flags      argparse: the command line, its types and defaults
+            config     command line -> frozen Config (what was asked)
+            plan       plan(cfg, env) -> Plan: every decision and check of a run, once
+            run        run -> plan -> ranks -> worker -> Trainer
+            trainer    Trainer: owns its parts; fit, evaluate
+            engine     train / validate loops (the Trainer's)
+Its leaves: cli, errors (one-line errors, exit code 2), recipes (recipes.json and the one scaling rule), zoo
+            (ModelZoo's entry flags), graph (--compile), guard (divergence: non-finite losses and weights stop a
+            run), device_names (the kinds, without importing torch)
+
+Subsystems: device     the only package naming npu/cuda/cpu
+            data       folders, fixed-shape loaders, the device decode backend
+            optim      optimizers by name (--optimizer), the LR schedule
+            precision  --amp: autocast, loss scaling, apex, the optimizer step
+            job        where a process sits and how it meets the others
+            record     what a run shows and records: log lines, metrics, summary, profiles, checkpoints, its folder
+
+A subsystem imports only subsystems below it (device < optim < record < precision < job < data) and the spine's
+leaves; the spine imports them all (tests/test_layout.py). The ModelZoo drivers are the modelzoo package.
 """

@@ -2,7 +2,7 @@
 
 The ``Config`` is never rebuilt: what a run decides from it and from the machine is trainer/plan.py's ``Plan``.
 Nothing mutates the argparse namespace after ``parse_config`` returns. pytorch/examples' flags keep their
-names and meanings; the additions are documented in ``--help`` and README.md.
+names and meanings; the additions are documented in ``--help`` and docs/RUNNING.md.
 The command line is parsed once, every default None (``flags.parse_typed``: a value left None was not given);
 the rest is filled in by layers: argparse's defaults, then a recipe's (``--recipe NAME``), then a ModelZoo entry's
 (trainer/zoo.py), then the flags given, which win.
@@ -73,22 +73,22 @@ class OptimConfig(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig(_Section):
-    """What trainer.amp reads (--amp and its options)."""
+    """What trainer.precision.amp reads (--amp and its options)."""
     amp: bool = False
-    amp_impl: str = "auto"  # auto | native | apex (auto is settled once the device is known: trainer/amp.py settle)
+    amp_impl: str = "auto"  # auto | native | apex (auto is settled once the device is known: precision/amp.py settle)
     amp_dtype: str = "auto"
     opt_level: Optional[str] = None  # --opt-level; None: not given (apex runs at flags.APEX_OPT_LEVEL)
     loss_scale: Optional[Union[float, str]] = None  # None: not given; "dynamic" (cli.DYNAMIC); a number: held fixed
     combine_ddp: bool = False
     float32_math: Optional[str] = None  # ModelZoo's ALLOW_HF32 ("reduced") / ALLOW_FP32 ("full"); None: the device's
     # which of opt_level / loss_scale hold a --recipe's or ModelZoo entry's value, not one the command line gave
-    # (trainer/amp.py settle: apex's own loss scale wins over such a value, and it needs no note)
+    # (trainer/precision/amp.py settle: apex's own loss scale wins over such a value, and it needs no note)
     preset: Tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig(_Section):
-    """Where this process sits in the job and how it meets the others (trainer/launch.py)."""
+    """Where this process sits in the job and how it meets the others (trainer/job/launch.py)."""
     device: str = "auto"
     device_index: Optional[int] = None  # --gpu
     mode: str = "single"  # single | spawn | process
@@ -106,7 +106,7 @@ class LaunchConfig(_Section):
     local_rank: Optional[int] = None
     broadcast_buffers: bool = True
     dist_timeout: float = 1800.0
-    # the host and device settings of each rank (trainer/affinity.py, Device.configure): auto | on | off
+    # the host and device settings of each rank (trainer/job/affinity.py, Device.configure): auto | on | off
     cpu_binding: str = "auto"
     jit_compile: str = "auto"
     internal_format: str = "auto"
@@ -136,7 +136,7 @@ class RunConfig(_Section):
     skip_steps: Optional[int] = None  # ModelZoo's --skip_steps: the Time meter restarts there (and FPS leaves them out)
     checkpoint_prefix: str = "checkpoint"  # the last epoch's checkpoint file: PREFIX.pth.tar
     checkpoint_freq: int = 0  # N > 0: also keep PREFIX_epochE.pth.tar every N epochs
-    move_earlier_run: bool = False  # --output-dir not given: an earlier run in it is moved aside (trainer/folders.py)
+    move_earlier_run: bool = False  # --output-dir not given: an earlier run in it is moved aside (record/folders.py)
     modelzoo: Optional[str] = None  # the ModelZoo entry this run stands in for (its log lines): resnet50 | shufflenetv2
 
 
@@ -215,7 +215,7 @@ def parse_config(argv=None, env=None, prog=None):
     notes, layered = (), set()
     ns = argparse.Namespace(**dict(values, **typed))
     if ns.recipe is not None:  # the recipe's values, scaled to the processes
-        from trainer import launch as placement
+        from trainer.job import launch as placement
         scaled = {k: typed[k] for k in recipes.SCALED if k in typed}
         more, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), scaled)
         values.update(flags.convert_defaults(parser, more, typed))
@@ -344,7 +344,7 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
     if ns.recipe is not None:
         from trainer import recipes
         recipes.get(ns.recipe)  # raises UsageError for unknown names
-    from trainer import launch as placement
+    from trainer.job import launch as placement
     dist = placement.resolve_launch(ns, env)
     notes = notes + dist["notes"]
     float32_math, amp, more = _float32_env(env, ns.amp)

@@ -9,9 +9,9 @@ same points as the meters.
 """
 import torch
 
-from trainer import metrics
+from trainer.record import metrics
 from trainer.guard import Guard
-from trainer.schedule import set_lr
+from trainer.optim.schedule import set_lr
 
 
 class Loops:

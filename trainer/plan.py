@@ -16,7 +16,10 @@ import dataclasses
 import os
 from typing import Optional, Tuple
 
-from trainer import amp, checkpoint, cli, data, launch
+from trainer import cli, data
+from trainer.job import launch
+from trainer.precision import amp
+from trainer.record import checkpoint
 from trainer.config import FLAT, Config, LaunchConfig, ModelConfig, PrecisionConfig
 from trainer.device import Device
 from trainer.errors import UsageError

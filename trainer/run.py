@@ -12,18 +12,20 @@ import os
 import signal
 import sys
 
-from trainer import affinity, cli, distributed, folders, metrics, ranks, summary
+from trainer import cli
+from trainer.job import affinity, distributed, ranks
+from trainer.record import folders, metrics, summary
 from trainer.device import Device, out_of_memory
 from trainer.errors import UsageError, one_line
 from trainer.guard import Diverged
 from trainer.plan import plan as make_plan
-from trainer.rendezvous import peer_failure, show_traces
+from trainer.job.rendezvous import RendezvousError, peer_failure, show_traces
 from trainer.trainer import Trainer
 
 
 def run(cfg, notes=(), amp_timer=None, env=None):
     """Entry point after parsing (``notes``: parsing's, as ``parse_config`` returned them): returns the process
-    exit code. ``amp_timer``: the timing function of the --amp dtype probe (trainer/amp_probe.py ``time_steps`` by
+    exit code. ``amp_timer``: the timing function of the --amp dtype probe (precision/amp_probe.py ``time_steps`` by
     default); ``env``: the environment the plan reads (os.environ by default)."""
     plan = make_plan(cfg, env, notes)
     held_lock, plan = folders.hold_folder(plan)  # the process that starts rank 0 holds --output-dir
@@ -51,8 +53,10 @@ def worker(plan, amp_timer=None):
         settings = device.configure(section)
         host_memory = Device.of(plan.kind).keep_host_memory()
         dist = distributed.init(section, device)
-    except UsageError as exc:
+    except RendezvousError as exc:
         summary.failed_start(plan, exc)
+        return cli.report(exc)
+    except UsageError as exc:
         return cli.report(exc)
     log, rs, node_lock = metrics.Logger(dist.rank), None, None
     log(affinity.describe(bound), all_ranks=True)

@@ -16,17 +16,20 @@ import secrets
 import torch
 
 import models
-from trainer import affinity, amp, amp_probe, checkpoint, data, folders, graph, metrics, observe, optim, zoo
-from trainer.clusters import world_change
+from trainer import data, graph, optim, zoo
+from trainer.job import affinity
+from trainer.precision import amp, amp_probe
+from trainer.record import checkpoint, folders, metrics, observe
+from trainer.job.clusters import world_change
 from trainer.engine import Loops
 from trainer.errors import UsageError
 from trainer.guard import Diverged, all_finite
-from trainer.schedule import Schedule
+from trainer.optim.schedule import Schedule
 
 
 class Trainer(Loops):
     """``summary``: the summary.RunSummary of a rank that writes one, else None. ``amp_timer``: the timing function
-    of the --amp dtype probe (trainer/amp_probe.py ``time_steps`` by default)."""
+    of the --amp dtype probe (trainer/precision/amp_probe.py ``time_steps`` by default)."""
 
     def __init__(self, plan, device, dist, log, summary=None, amp_timer=None):
         self.plan, self.device, self.dist, self.log, self.summary = plan, device, dist, log, summary
@@ -108,7 +111,7 @@ class Trainer(Loops):
                                  self.steps, plan.optim.lr_step_unit, plan.optim.warmup_offset)
         zoo.check_skip_steps(plan.run.skip_steps, self.steps)
         if plan.run.profile_steps is not None:
-            from trainer.profiling import StepProfiler
+            from trainer.record.profiling import StepProfiler
             self.profiler = StepProfiler(plan.run.profile_steps, plan.run.profile_stop, device, plan.run.output_dir,
                                          self.dist.rank, log)
         self.saver = checkpoint.CheckpointSaver(

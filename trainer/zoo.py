@@ -12,7 +12,7 @@ numbers were trained with those parsers' defaults, which differ from pytorch/exa
 The rule: a run stands in for an entry when ``--modelzoo`` names it, or (``auto``) when it was started as
 ``8p_main_med.py`` (shufflenetv2) or under a ModelZoo script (RANK_SIZE set: resnet50), and no ``--recipe`` was
 given (a recipe is a whole published recipe already). Then that entry's defaults apply to the flags not given, one
-note lists them, and the log adds the lines its scripts grep (trainer/metrics.py ``ZooLines``).
+note lists them, and the log adds the lines its scripts grep (trainer/record/metrics.py ``ZooLines``).
 """
 import os
 

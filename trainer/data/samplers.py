@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from trainer import lifeline
+from trainer.job import lifeline
 from trainer.data.images import sample_seed
 
 

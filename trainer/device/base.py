@@ -52,12 +52,12 @@ class Device:
     supports_sync_bn = True
     supports_apex = True
     prefers_channels_last = False  # NHWC the default memory format
-    measures_amp_dtype = False  # --amp-dtype auto is confirmed by timing the run's model (trainer/amp_probe.py)
+    measures_amp_dtype = False  # --amp-dtype auto is confirmed by timing the run's model (precision/amp_probe.py)
     guides_train_with_amp = False  # the porting guides always train with --amp on it
     default_apex_loss_scale = None  # apex's loss scale without --loss-scale (None: dynamic, NVIDIA apex's)
     pin_memory = False  # the loaders pin host memory (--pin-memory: ``configure``)
     pin_memory_device = None  # the DataLoader's pin_memory_device where it needs one to pin for the device
-    binds_host_cores = True  # --cpu-binding auto binds its ranks to slices of the host's cores (trainer/affinity.py)
+    binds_host_cores = True  # --cpu-binding auto binds its ranks to slices of the host's cores (job/affinity.py)
     non_blocking = True
     target_dtype = torch.int64  # CrossEntropyLoss's target dtype on the device
     index_dtype = torch.int64  # index tensors of index_select-based models
@@ -167,7 +167,7 @@ class Device:
 
     @classmethod
     def runtime_binds_cores(cls, environ):
-        """Who binds the ranks' cores instead of trainer/affinity.py (the kind's runtime, as the user asked it
+        """Who binds the ranks' cores instead of trainer/job/affinity.py (the kind's runtime, as the user asked it
         in ``environ``), or None (the general case)."""
         return None
 

@@ -72,11 +72,13 @@ class CpuDevice(Device):
         """Where graph mode measured slower than eager (docs/BENCHMARKS.md "Graph mode")."""
         if dtype == torch.bfloat16:
             return ("--compile with bfloat16 autocast on a CPU trained slower than eager where measured (0.84-0.86x "
-                    "the eager images/s on a 2-core AVX-512 BF16 CPU, README \"Graph mode\"); float32 gains (1.1-1.3x)")
+                    "the eager images/s on a 2-core AVX-512 BF16 CPU, docs/RUNNING.md \"Graph mode\"); float32 gains "
+                    "(1.1-1.3x)")
         flags = host._cpuinfo_flags()
         if flags and "avx512f" not in flags and dtype is None:
             return ("--compile on a CPU without AVX-512 trained no faster than eager where measured (0.92-1.03x the "
-                    "eager images/s, ShuffleNetV2 and ResNet18 float32 on a 2-core AVX2 CPU; README \"Graph mode\")")
+                    "eager images/s, ShuffleNetV2 and ResNet18 float32 on a 2-core AVX2 CPU; docs/RUNNING.md "
+                    "\"Graph mode\")")
         return None
 
     def _make_jpeg_decoder(self, tio, rgb):

@@ -50,7 +50,7 @@ class NpuDevice(Device):
         where = runtime.cann_present()
         if where:
             return ("this host has Ascend's stack ({}) but no torch_npu: install the torch-npu release of this "
-                    "torch (README, NPU), or pass --device cpu to train on the CPU on purpose".format(where))
+                    "torch (docs/RUNNING.md, NPU), or pass --device cpu to train on the CPU on purpose".format(where))
         return None
 
     @classmethod

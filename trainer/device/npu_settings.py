@@ -1,5 +1,5 @@
 """The NPU runtime settings ModelZoo's maintained entries make, each with its default, its flag and its value
-recorded (``NpuDevice.configure``; README "NPU"):
+recorded (``NpuDevice.configure``; docs/RUNNING.md "NPU"):
 
   --jit-compile      ``torch_npu.npu.set_compile_mode(jit_compile=...)``. auto: binary (precompiled) kernels,
                      ``jit_compile=False``, on Atlas A2/A3 (Ascend910B*, Ascend910_93*: torch_npu's own default

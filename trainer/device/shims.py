@@ -28,7 +28,7 @@ def has_torch_compile():
 
 # torch's loggers that warn on stderr while compiling: "No CUDA runtime is found, using CUDA_HOME=..." on a machine
 # without CUDA, "Profiler record function ... will be ignored" from DDP's forward, graph breaks. A run's stderr is
-# one line, for an error (README); TORCH_LOGS, torch's own switch, shows them again.
+# one line, for an error (docs/RUNNING.md); TORCH_LOGS, torch's own switch, shows them again.
 _COMPILE_LOGGERS = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension")
 
 

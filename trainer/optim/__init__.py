@@ -45,6 +45,6 @@ def create_optimizer(name, params_or_model, lr, momentum, weight_decay, device, 
 
 def build(section, model, device, precision, fused=None):
     """The optimizer of the config's optim section (a config.OptimConfig) for ``model`` on ``device``, chosen to
-    be safe with ``precision`` (an amp.Precision: its loss scaler, apex); trainer/amp.py's ``wrap`` steps it."""
+    be safe with ``precision`` (an amp.Precision: its loss scaler, apex); precision/amp.py's ``wrap`` steps it."""
     return create_optimizer(section.optimizer, model, section.lr, section.momentum, section.weight_decay, device,
                             with_scaler=precision.scaled, apex_amp_in_use=precision.impl == "apex", fused=fused)

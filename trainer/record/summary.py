@@ -3,13 +3,14 @@
 Written at the end of every epoch (status "running"), at the end ("ok"), and on a
 failure ("failed", with the error) or Ctrl-C ("interrupted"). Its "files" lists what the run wrote in
 --output-dir (paths relative to it): the record by which a later run there moves this one aside
-(trainer/folders.py), and nothing else.
+(trainer/record/folders.py), and nothing else.
 """
 import json
 import os
 import time
 
-from trainer import checkpoint, device as devmod, observe, profiling
+from trainer import device as devmod
+from trainer.record import checkpoint, observe, profiling
 
 SUMMARY = "summary.json"
 EVAL_SUMMARY = "eval_summary.json"
@@ -173,9 +174,6 @@ def failed_start(plan, exc):
     """A job that failed at its rendezvous (``exc`` a RendezvousError; other errors are left to the run): rank 0
     records its line as the error in a folder that holds no summary yet (one of a run to resume is left alone)."""
     from trainer.errors import one_line
-    from trainer.rendezvous import RendezvousError
-    if not isinstance(exc, RendezvousError):
-        return
     path = os.path.join(plan.run.output_dir, EVAL_SUMMARY if plan.run.evaluate else SUMMARY)
     if plan.launch.rank == 0 and not os.path.exists(path):
         RunSummary(plan, path).write("failed", one_line(exc))

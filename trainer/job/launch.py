@@ -6,7 +6,7 @@ import dataclasses
 import os
 import socket
 
-from trainer import clusters, rendezvous
+from trainer.job import clusters, rendezvous
 from trainer import device as devmod
 from trainer.errors import UsageError
 
@@ -35,11 +35,11 @@ def process_count(ns, env):
 
 
 def _place(ns, env):
-    """The launch table (README "How processes find each other"), first match wins:
+    """The launch table (docs/DISTRIBUTED.md "How processes find each other"), first match wins:
 
     torchrun / torch.distributed.launch  RANK + WORLD_SIZE (+ LOCAL_RANK or --local_rank)
     the ModelZoo shell loop              RANK_SIZE + RANK_ID (+ LOCAL_RANK)
-    Slurm (srun, one task per device)    SLURM_PROCID + SLURM_NTASKS in a job step (trainer/clusters.py)
+    Slurm (srun, one task per device)    SLURM_PROCID + SLURM_NTASKS in a job step (trainer/job/clusters.py)
     Ascend's rank table                  RANK_TABLE_FILE (+ RANK_ID, or DEVICE_ID / LOCAL_RANK on a listed host)
     a shell loop with spawn's flags      LOCAL_RANK + --multiprocessing-distributed (the Ascend guide's loop:
                                          this process is one of the node's ranks; nothing is spawned)

@@ -302,7 +302,7 @@ class CheckpointSaver:
     never a state whose weights or buffers are not finite (the previous files stay as they were; ``Diverged`` is
     raised instead).
 
-    ``model``: the bare model; ``step``: the optimizer step (trainer/amp.py: its optimizer and loss-scaler
+    ``model``: the bare model; ``step``: the optimizer step (trainer/precision/amp.py: its optimizer and loss-scaler
     entries); ``schedule``: the LR schedule; ``record``: what every checkpoint states besides (``arch``,
     ``model``, ``num_classes``, ``classes``, ``seed``, ``config``)."""
 

@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from trainer import held_stderr
+from trainer.job import held_stderr
 from trainer.errors import UsageError
-from trainer.lock import _proc_start
+from trainer.record.lock import _proc_start
 
 ATTEMPT_KEY = "trainer/attempt-store"
 NONCE_KEY = "trainer/nonce"
@@ -241,7 +241,7 @@ def _first(exc):
 @contextlib.contextmanager
 def quiet_stderr(replay=True):
     """What torch's C++ side writes on file descriptor 2 while the group starts (c10d's socket warnings, gloo's
-    retries) is held back (trainer/held_stderr.py): written out after a start that succeeded (``replay``), dropped
+    retries) is held back (trainer/job/held_stderr.py): written out after a start that succeeded (``replay``), dropped
     after a failure that is reported as one line (kept with TORCH_SHOW_CPP_STACKTRACES=1). Written out, once,
     however else the hold ends: an exception, the process's exit, SIGINT or SIGTERM (a rank stopped by its
     supervisor, a driver or torchrun while it waits keeps its diagnostics)."""

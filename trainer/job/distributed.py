@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from trainer import clusters, rendezvous
+from trainer.job import clusters, rendezvous
 from trainer.errors import UsageError
 
 

@@ -29,7 +29,7 @@ class Precision:
         self.requested, self.impl, self.dtype = requested, impl, dtype
         self.loss_scale, self.opt_level, self.note = loss_scale, opt_level, note
         self.combine_ddp = combine_ddp
-        self.probe = probe  # what timing the model found where auto is measured (trainer/amp_probe.py), or None
+        self.probe = probe  # what timing the model found where auto is measured (amp_probe.py), or None
 
     @property
     def enabled(self):
@@ -117,7 +117,7 @@ def resolve(section, device, world_size=1, decide=None):
     """The run's ``Precision`` on ``device`` from the config's precision section (a config.PrecisionConfig, settled
     by ``settle``) in a job of ``world_size`` processes. ``decide(dtype, note)`` -> (dtype, note, record): where
     the device measures its ``auto`` dtype (``Device.measures_amp_dtype``), the measurement of the run's model
-    (trainer/amp_probe.py ``for_run``; called on every rank); without it the device's rule stands."""
+    (trainer/precision/amp_probe.py ``for_run``; called on every rank); without it the device's rule stands."""
     p = section
     if not p.amp:
         return Precision(p.amp_dtype, "none", None, None)

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from trainer import checkpoint
+from trainer.record import checkpoint
 from trainer import device as devmod
 
 MARGIN = 1.05  # bfloat16 must measure this much faster than float32 to be chosen

@@ -11,8 +11,8 @@ import time
 import traceback
 
 from trainer.guard import EXIT_DIVERGED
-from trainer.launch import check_port_free, free_port
-from trainer.lifeline import die_with_parent
+from trainer.job.launch import check_port_free, free_port
+from trainer.job.lifeline import die_with_parent
 
 
 STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed

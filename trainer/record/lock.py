@@ -16,7 +16,7 @@ on another host is trusted to be alive, and the message says to delete the file 
 
 Once the folder is taken, the lock also lists what the run may write there (``record``): a run that dies
 before its summary.json lists its files leaves that list for the next run, which moves those files aside with it
-(trainer/folders.py).
+(trainer/record/folders.py).
 """
 import errno
 import json

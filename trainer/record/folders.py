@@ -16,7 +16,7 @@ import secrets
 import shutil
 import time
 
-from trainer import checkpoint, lock, summary
+from trainer.record import checkpoint, lock, summary
 from trainer.errors import UsageError
 
 RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)

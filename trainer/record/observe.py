@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from trainer import checkpoint
+from trainer.record import checkpoint
 
 METRICS = "metrics.jsonl"
 

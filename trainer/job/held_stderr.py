@@ -1,7 +1,7 @@
 """File descriptor 2 held back while torch's C++ side may write on it (the rendezvous: c10d's socket warnings,
 gloo's retries), and written out, once, however the hold ends: as its owner decides when it ends normally, and
 at an exception, the process's exit (atexit) or SIGINT/SIGTERM (a rank stopped by its supervisor, a driver or
-torchrun while it waits keeps its diagnostics). ``hold`` is the one entry; trainer/rendezvous.py's
+torchrun while it waits keeps its diagnostics). ``hold`` is the one entry; trainer/job/rendezvous.py's
 ``quiet_stderr`` decides what a failure drops."""
 import atexit
 import contextlib

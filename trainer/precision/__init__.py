@@ -1,0 +1,8 @@
+"""Precision: what --amp means on the device and the optimizer step that goes with it.
+
+amp        Precision (native autocast + GradScaler, or apex), settle() for the plan, OptimizerStep
+amp_probe  --amp-dtype auto on a CPU: float32 against bfloat16 measured on the run's model
+
+May import: trainer.device, trainer.optim, trainer.record.checkpoint, and the spine's leaves (trainer.cli,
+trainer.errors, trainer.flags). Imported by the spine.
+"""

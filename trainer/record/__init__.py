@@ -1,0 +1,12 @@
+"""What a run shows and records, and the folder it records into.
+
+metrics     meters, accuracy, pytorch/examples' log lines, the FPS and step-time totals
+observe     TensorBoard, metrics.jsonl, the progress bar
+summary     summary.json: the run's status, figures and the files it wrote
+profiling   --profile-steps: a Chrome trace and an op table per rank
+checkpoint  atomic writes, checkpoint files read once, resume, CheckpointSaver
+folders     who writes --output-dir; an earlier run moved to previous_runs/ by its record
+lock        one writer per --output-dir (run.lock)
+
+May import: trainer.device, trainer.errors. Imported by the spine, trainer.precision and trainer.job.
+"""
