@@ -100,6 +100,17 @@ def assert_own_broken_pipe(rc, err):
 # ---------------------------------------------------------------- item: a rank's own error is its own
 
 
+def dashboard_dies_mid_run(p, dashboard):
+    """Once ``p`` trains, the user's dashboard is killed; ``p``'s stderr once it has ended."""
+    try:
+        stepping(p)
+        dashboard.kill()
+        return finish(p)[1]
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
 def test_a_single_process_runs_own_broken_pipe_keeps_its_traceback(shapes, tmp_path):
     """The user's script counts forward passes on a dashboard that dies mid-run: the store raises "Broken pipe"
     in the run's own process, a run of one process: the traceback and exit 1, as any other error, and the
@@ -107,13 +118,7 @@ def test_a_single_process_runs_own_broken_pipe_keeps_its_traceback(shapes, tmp_p
     with Dashboard() as dashboard:
         p = start([shapes, "--output-dir", tmp_path] + LONG, script=user_script(tmp_path),
                   dashboard=dashboard.address)
-        try:
-            stepping(p)
-            dashboard.kill()
-            _, err = finish(p)
-        finally:
-            if p.poll() is None:
-                p.kill()
+        err = dashboard_dies_mid_run(p, dashboard)
     assert_own_broken_pipe(p.returncode, err)
     s = read_summary(tmp_path)
     assert s["status"] == "failed" and re.search(GONE, s["error"]), s["error"]
@@ -151,13 +156,7 @@ def test_a_spawned_ranks_own_broken_pipe_reaches_the_user_as_its_traceback(shape
     with Dashboard() as dashboard:
         p = start([shapes, "--output-dir", tmp_path, "--multiprocessing-distributed", "--device-list", "0,1",
                    "--port", "0"] + LONG, script=user_script(tmp_path), dashboard=dashboard.address)
-        try:
-            stepping(p)
-            dashboard.kill()
-            _, err = finish(p)
-        finally:
-            if p.poll() is None:
-                p.kill()
+        err = dashboard_dies_mid_run(p, dashboard)
     assert p.returncode == 1, err[-3000:]
     assert err.count("Traceback (most recent call last)") == 1 and ", in count" in err, err[-3000:]
     assert re.search(GONE, err, re.M), err[-3000:]
