@@ -69,6 +69,11 @@ class OptimConfig(_Section):
     label_smoothing: float = 0.0
     lr_step_unit: str = "step"  # step | epoch (ModelZoo's entries move the LR once per epoch)
     warmup_offset: int = 0  # per-epoch warm-up: lr x (epoch+1)/(warmup_epochs+offset); Shufflenetv2's is 1
+    lr_peak_epoch: float = 2.0  # --lr-schedule triangular: where the LR peaks
+    norm_weight_decay: Optional[float] = None  # norm parameters' and biases' (optim/groups.py); None: the optimizer's
+    model_ema: bool = False  # an exponential moving average of the weights (trainer/optim/ema.py)
+    model_ema_steps: int = 32
+    model_ema_decay: float = 0.99998
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +162,8 @@ FLAT_ORDER = """
     node_rank procs_per_node dist_url dist_backend multiprocessing_distributed device_list addr port local_rank
     sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
     compile compile_mode lr_step_unit warmup_offset skip_steps checkpoint_prefix checkpoint_freq move_earlier_run
-    modelzoo float32_math cpu_binding jit_compile internal_format pin_memory preset
+    modelzoo float32_math cpu_binding jit_compile internal_format pin_memory preset lr_peak_epoch norm_weight_decay
+    model_ema model_ema_steps model_ema_decay
 """.split()
 
 
@@ -287,6 +293,28 @@ def _float32_env(env, amp):
     return ("reduced" if hf32 else "full"), False, notes
 
 
+def _check_short_schedule(ns, explicit, lr_schedule, warmup_epochs):
+    """--lr-peak-epoch, --model-ema-steps and --model-ema-decay against the flags they belong to."""
+    if lr_schedule == "triangular":
+        if ns.lr_peak_epoch >= ns.epochs:
+            raise UsageError("--lr-peak-epoch {:g}{} is not below --epochs {}: the LR must come down to zero by the "
+                             "end; give --lr-peak-epoch below {}".format(
+                                 ns.lr_peak_epoch, "" if "lr_peak_epoch" in explicit else " (the default)", ns.epochs,
+                                 ns.epochs))
+        if warmup_epochs:
+            raise UsageError("--lr-schedule triangular rises to --lr-peak-epoch by itself: a warm-up of {:g} epoch(s) "
+                             "does not apply; give --warmup-epochs 0".format(warmup_epochs))
+    elif "lr_peak_epoch" in explicit:
+        raise UsageError("--lr-peak-epoch applies to --lr-schedule triangular, and the schedule is {}: add "
+                         "--lr-schedule triangular or drop --lr-peak-epoch".format(lr_schedule))
+    for dest in ("model_ema_steps", "model_ema_decay"):
+        if dest in explicit and not ns.model_ema:
+            raise UsageError("--{} needs --model-ema".format(dest.replace("_", "-")))
+    if ns.model_ema_decay >= 1:
+        raise UsageError("--model-ema-decay must be below 1 (1 would never move the average), got {:g}".format(
+            ns.model_ema_decay))
+
+
 def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
     """(Config, notes) from parsed flags (``explicit``: the dests the command line gave; ``entry``: the ModelZoo
     entry the run stands in for; ``preset``: the PRESETTABLE dests that hold a recipe's or the entry's value)."""
@@ -316,6 +344,7 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
         raise UsageError("--label-smoothing must be below 1, got {}".format(ns.label_smoothing))
     if warmup_epochs > ns.epochs and lr_step_unit != "epoch":  # ModelZoo's per-epoch warm-up may outlast a short run
         raise UsageError("--warmup-epochs {:g} exceeds --epochs {}".format(warmup_epochs, ns.epochs))
+    _check_short_schedule(ns, explicit, lr_schedule, warmup_epochs)
     if ns.start_epoch >= ns.epochs and not ns.evaluate:
         raise UsageError("--start-epoch {} leaves nothing to train with --epochs {}".format(ns.start_epoch, ns.epochs))
     if ns.amp_impl == "apex" and not ns.amp:
@@ -360,7 +389,10 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
                           compile=ns.compile, compile_mode=ns.compile_mode),
         optim=OptimConfig(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
                           lr_schedule=lr_schedule, warmup_epochs=warmup_epochs,
-                          label_smoothing=ns.label_smoothing, lr_step_unit=lr_step_unit, warmup_offset=warmup_offset),
+                          label_smoothing=ns.label_smoothing, lr_step_unit=lr_step_unit, warmup_offset=warmup_offset,
+                          lr_peak_epoch=ns.lr_peak_epoch, norm_weight_decay=ns.norm_weight_decay,
+                          model_ema=ns.model_ema, model_ema_steps=ns.model_ema_steps,
+                          model_ema_decay=ns.model_ema_decay),
         precision=PrecisionConfig(amp=amp, float32_math=float32_math, amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype,
                                   opt_level=ns.opt_level, loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp,
                                   preset=tuple(preset)),

@@ -17,8 +17,8 @@ from trainer.optim.schedule import set_lr
 class Loops:
     """``train_one_epoch`` and ``validate``, the epoch loops of trainer.trainer.Trainer (which owns the parts they
     read: ``model``, ``criterion``, ``eval_criterion``, ``step`` (the OptimizerStep), ``precision``, ``device``,
-    ``dist``, ``normalize``, ``schedule``, ``plan``, ``log``, ``profiler``, ``recorder``, ``zoo``; and the state they
-    keep: ``stop_requested``, ``first_steps``)."""
+    ``dist``, ``normalize``, ``schedule``, ``ema`` (--model-ema's average, or None), ``plan``, ``log``, ``profiler``,
+    ``recorder``, ``zoo``; and the state they keep: ``stop_requested``, ``first_steps``)."""
 
     def autocast(self):
         return self.device.autocast(self.precision.dtype if self.precision.impl == "native" else None)
@@ -41,7 +41,7 @@ class Loops:
         if compiling and not 0 < warm < steps:
             warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
         clock = metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0)
-        step_losses = []
+        step_losses, step_lrs = [], []
         rec.start_epoch(epoch, steps)
         for i, (images, target) in clock.batches(loader, steps):
             batch = images.shape[0]
@@ -52,6 +52,8 @@ class Loops:
             else:
                 output, loss, skipped = self._step(x, y)
             guard.observe(loss, skipped)
+            if self.ema is not None:
+                self.ema.update(epoch, i)
             c1, c5 = metrics.correct_counts(output.detach(), y)
             sums.add(loss.detach() * batch, c1, c5, batch)
             rec.step(batch)
@@ -69,6 +71,7 @@ class Loops:
                 span = clock.span(i)
                 meters.update(span, interval, running)
                 step_losses.append((epoch * steps + i + 1, interval["loss"]))
+                step_lrs.append((epoch * steps + i + 1, optimizer.param_groups[0]["lr"]))
                 if not rec.bar:
                     self.log(self.zoo.prefix + meters.line(i + 1))
                 rec.train_point(epoch * steps + i + 1, dict(
@@ -93,7 +96,7 @@ class Loops:
             steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
             fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
             data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
-            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses))
+            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses), step_lrs=tuple(step_lrs))
         for line in self.zoo.trained(stats):
             self.log(line)
         return stats
@@ -110,13 +113,14 @@ class Loops:
         guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale)
 
     @torch.no_grad()
-    def validate(self, loader, model):
-        """Every image of the validation set counted exactly once (padding masked out); a metrics.EvalStats."""
+    def validate(self, loader, model, ema=False):
+        """Every image of the validation set counted exactly once (padding masked out); a metrics.EvalStats.
+        ``ema``: ``model`` is --model-ema's average (its own lines: "Test EMA: ", " *   EMA Acc@1 ...")."""
         cfg, dev = self.plan, self.device
         model.eval()
         steps = len(loader)
         sums, rec = metrics.Sums(dev), self.recorder
-        meters = metrics.LoopMeters(steps, "Test: ", data=False)
+        meters = metrics.LoopMeters(steps, "Test EMA: " if ema else "Test: ", data=False)
         clock = metrics.StepClock(dev, steps)
         rec.start_epoch(None, steps, phase="val")
         for i, (images, target, valid) in clock.batches(loader, steps):
@@ -134,8 +138,8 @@ class Loops:
                     self.log(self.zoo.prefix + meters.line(i + 1))
         rec.end_phase()
         _, running = sums.read(self.dist.all_reduce_sum)
-        self.log(metrics.summary_line(running["acc1"], running["acc5"]))
-        for line in self.zoo.validated(running["acc1"], running["acc5"]):
+        self.log(metrics.summary_line(running["acc1"], running["acc5"], "EMA " if ema else ""))
+        for line in () if ema else self.zoo.validated(running["acc1"], running["acc5"]):
             self.log(line)
         return metrics.EvalStats(acc1=running["acc1"], acc5=running["acc5"], loss=running["loss"],
                                  images=running["count"])

@@ -8,6 +8,7 @@ import re
 from trainer.cli import HelpFormatter, UsageParser, number, parse_loss_scale
 from trainer.device_names import DATA_BACKENDS, KIND_ALIASES, KINDS
 from trainer.optim import DEFAULT_OPTIMIZER, OPTIMIZERS
+from trainer.optim.schedule import KINDS as LR_SCHEDULES
 
 DEVICES = ("auto",) + KINDS + tuple(KIND_ALIASES)
 OPT_LEVELS = ("O1", "O2")
@@ -157,10 +158,27 @@ def build_parser():
                    help="sgd: SGD with momentum (the device's fused kernel where it has one); lars: SGD momentum "
                         "with a layer-wise trust ratio, for large global batches")
     t.add_argument("--label-smoothing", type=number(float, 0.0), default=0.0)
-    t.add_argument("--lr-schedule", choices=("step", "cosine"), default="step",
-                   help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step")
+    t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="step",
+                   help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step; "
+                        "triangular: linear from lr x 1e-4 up to lr at --lr-peak-epoch, then linear to zero at the "
+                        "end, every step (FFCV's ResNet recipes)")
+    t.add_argument("--lr-peak-epoch", type=number(float, 0.0), default=2.0, metavar="E",
+                   help="--lr-schedule triangular: the epoch (fractions allowed) where the LR peaks; below --epochs")
     t.add_argument("--warmup-epochs", type=number(float, 0.0), default=0.0,
                    help="linear LR warm-up, in epochs (fractions allowed)")
+    t.add_argument("--norm-weight-decay", type=number(float, 0.0), default=None, metavar="WD",
+                   help="weight decay of the normalisation layers' parameters and of all biases, a parameter "
+                        "group of their own (torchvision's reference's flag; biases too, as FFCV's and MLPerf's "
+                        "ResNet-50); default: --wd for sgd, 0 for lars")
+    t.add_argument("--model-ema", action="store_true",
+                   help="keep an exponential moving average of the weights (torchvision's reference): validated "
+                        "beside the weights (Test EMA lines), saved in checkpoints as model_ema; with --evaluate, "
+                        "evaluate a checkpoint's average")
+    t.add_argument("--model-ema-steps", type=number(int, 1), default=32, metavar="N",
+                   help="--model-ema: update the average every N steps of an epoch (its first step included)")
+    t.add_argument("--model-ema-decay", type=number(float, 0.0), default=0.99998, metavar="D",
+                   help="--model-ema: decay, adjusted as torchvision's reference does: 1 - min(1, (1 - D) x global "
+                        "batch x N / epochs) per update; the average copies the weights during --warmup-epochs")
     t.add_argument("--lr-step-unit", choices=("step", "epoch"), default="step",
                    help="step: warm-up and cosine move every step (torchvision's references); epoch: once per "
                         "epoch, as Ascend ModelZoo's ResNet50 and ShuffleNetV2 entries do (set by --warmup and "

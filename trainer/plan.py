@@ -115,6 +115,16 @@ def plan(cfg, env=None, notes=()):
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
                              "--epochs to continue)".format(resume.path, done, run.epochs))
 
+    # --model-ema: without validation the average is kept and saved only; --evaluate evaluates a checkpoint's
+    if cfg.optim.model_ema and not run.validate:
+        notes.append("--model-ema with --no-validate: the weight average is kept and saved in the checkpoints, "
+                     "not validated")
+    if run.evaluate and cfg.optim.model_ema:
+        if resume is None:
+            raise UsageError("--evaluate --model-ema evaluates a checkpoint's weight average: give --resume "
+                             "CHECKPOINT (a run trained with --model-ema)")
+        checkpoint.ema_state_dict_of(resume.load(), resume.path)
+
     # every file that loads into the model fits it: the weights, the checkpoint to resume or evaluate
     if weights is not None or resume is not None:
         own = checkpoint.model_shapes(cfg.model.name, num_classes)

@@ -24,6 +24,7 @@ from trainer.job.clusters import world_change
 from trainer.engine import Loops
 from trainer.errors import UsageError
 from trainer.guard import Diverged, all_finite
+from trainer.optim.groups import describe as describe_groups
 from trainer.optim.schedule import Schedule
 
 
@@ -74,6 +75,7 @@ class Trainer(Loops):
         self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=plan.optim.label_smoothing)
         self.zoo = metrics.ZooLines(run.modelzoo, device.index)  # the lines ModelZoo's scripts grep
         self.recorder, self.profiler, self.step, self.fallback_total = observe.Silent(), None, None, 0
+        self.ema, self.last_ema_val = None, None  # --model-ema's average and its last validation
         self.stop_requested, self.first_steps = False, None  # first_steps: the wall times of the first steps
         self.model_for_eval, self.start_epoch, self.best_acc1, self.steps = self.model, run.start_epoch, None, 0
         if run.evaluate:
@@ -101,14 +103,16 @@ class Trainer(Loops):
             self._restore(resume)
             plan.resume.release()  # the file's contents are in the parts now
         self.model_for_eval = self.model
-        if self.dist.active and not self.precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
-            self.model = device.ddp(self.model, plan.launch.broadcast_buffers)
-        self.model = graph.wrap(self.model, _unwrap(self.model_for_eval), device, plan.model, log)
         self.steps = len(self.train_loader)
         if plan.run.max_steps_per_epoch:
             self.steps = min(self.steps, plan.run.max_steps_per_epoch)
+        self.ema = self._build_ema(resume)
+        if self.dist.active and not self.precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
+            self.model = device.ddp(self.model, plan.launch.broadcast_buffers)
+        self.model = graph.wrap(self.model, _unwrap(self.model_for_eval), device, plan.model, log)
         self.schedule = Schedule(plan.optim.lr, plan.optim.lr_schedule, plan.run.epochs, plan.optim.warmup_epochs,
-                                 self.steps, plan.optim.lr_step_unit, plan.optim.warmup_offset)
+                                 self.steps, plan.optim.lr_step_unit, plan.optim.warmup_offset,
+                                 plan.optim.lr_peak_epoch)
         zoo.check_skip_steps(plan.run.skip_steps, self.steps)
         if plan.run.profile_steps is not None:
             from trainer.record.profiling import StepProfiler
@@ -117,7 +121,27 @@ class Trainer(Loops):
         self.saver = checkpoint.CheckpointSaver(
             plan.run, _unwrap(self.model_for_eval), self.step, self.schedule, device,
             dict(arch=plan.model.arch, model=plan.model.name, num_classes=self.num_classes, classes=self.info.classes,
-                 seed=self.seed, config=plan.as_dict()))
+                 seed=self.seed, config=plan.as_dict()), self.ema)
+
+    def _build_ema(self, resume):
+        """--model-ema's average of the (resumed) weights, its own state restored from the checkpoint; None
+        without the flag."""
+        plan, log = self.plan, self.log
+        saved = resume.entries.get("model_ema") if resume is not None else None
+        if not plan.optim.model_ema:
+            if saved:
+                log("note: the checkpoint's weight average (model_ema) is not kept: this run has no --model-ema")
+            return None
+        from trainer.optim.ema import ModelEMA
+        ema = ModelEMA(_unwrap(self.model_for_eval), plan.optim, plan.run.batch_size, plan.run.epochs, self.steps)
+        if saved:
+            ema.load_state_dict(saved)
+        elif resume is not None:
+            log("note: the checkpoint holds no weight average (model_ema): the average starts from its weights")
+        log("=> model EMA: updated every {} step(s) of an epoch, decay {:.6g} per update (--model-ema-decay {:g} "
+            "adjusted for the global batch {}, the {} step(s) and {} epoch(s))".format(
+                ema.every, ema.decay, ema.asked, plan.run.batch_size, ema.every, plan.run.epochs))
+        return ema
 
     def _restore(self, resume):
         """The model, optimizer step, RNGs from ``resume`` (a checkpoint.Resume); the epoch and best Acc@1."""
@@ -128,6 +152,8 @@ class Trainer(Loops):
         saved = resume.lr_schedule
         mine = {"lr": plan.optim.lr, "kind": plan.optim.lr_schedule, "epochs": plan.run.epochs,
                 "warmup_epochs": plan.optim.warmup_epochs}
+        if plan.optim.lr_schedule == "triangular":
+            mine["peak_epoch"] = plan.optim.lr_peak_epoch
         diffs = ["{} {} (checkpoint {})".format(k, mine[k], saved[k]) for k in mine
                  if k in saved and saved[k] != mine[k]]
         if diffs:
@@ -168,15 +194,20 @@ class Trainer(Loops):
                 if is_best:
                     best_acc1 = val.acc1
                 overflow = self._check_health(epoch)
+                ema_val = None
+                if val is not None and self.ema is not None:
+                    ema_val = self.last_ema_val = self.validate(self.val_loader, self.ema.module, ema=True)
                 if val is not None:
                     self.recorder.validation(done * self.steps, dict(val.as_dict(), epoch_seconds=tr.seconds))
+                if ema_val is not None:
+                    self.recorder.validation(done * self.steps, ema_val.as_dict(), "val_ema")
                 if summary is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
                     self.saver.save(done, best_acc1, is_best)
                     self._summarize(totals, last_val, epochs_completed=done, train_acc1=tr.acc1, final_loss=tr.loss,
                                     last_loss=tr.last_loss, first_steps_seconds=list(self.first_steps or ()),
                                     best_acc1=best_acc1)
                     summary.write()
-                    self.recorder.epoch_record(self._epoch_record(epoch, tr, val, overflow))
+                    self.recorder.epoch_record(self._epoch_record(epoch, tr, (val, ema_val), overflow))
                 dist.barrier()
                 if self.stop_requested:
                     log("=> stopping after the profiled steps (--profile-stop)")
@@ -217,9 +248,10 @@ class Trainer(Loops):
         self.fallback_total = n
         return n
 
-    def _epoch_record(self, epoch, tr, val, overflow):
-        """metrics.jsonl's line of an epoch."""
-        return {
+    def _epoch_record(self, epoch, tr, vals, overflow):
+        """metrics.jsonl's line of an epoch (``vals``: the validations of the weights and of their average)."""
+        val, ema_val = vals
+        record = {
             "epoch": epoch, "global_step": (epoch + 1) * self.steps, "train_loss": tr.loss, "train_acc1": tr.acc1,
             "train_acc5": tr.acc5, "val_loss": val.loss if val else None,
             "val_acc1": val.acc1 if val else None, "val_acc5": val.acc5 if val else None,
@@ -227,7 +259,11 @@ class Trainer(Loops):
             "data_wait_fraction": tr.data_wait_seconds / tr.seconds if tr.seconds else None,
             "overflow_steps": overflow, "seconds": tr.seconds, "arch": self.plan.model.arch,
             "device": self.device.name, "step_losses": [list(p) for p in tr.step_losses],
-            "world_size": self.dist.world_size, "amp": amp_label(self.precision)}
+            "step_lrs": [list(p) for p in tr.step_lrs], "world_size": self.dist.world_size,
+            "amp": amp_label(self.precision)}
+        if self.ema is not None:
+            record.update({"ema_val_" + k: getattr(ema_val, k) if ema_val else None for k in ("loss", "acc1", "acc5")})
+        return record
 
     def summary_fields(self, totals=None, last_val=None):
         """summary.json's fields of this run (training: ``totals``, a metrics.RunTotals; the last validation)."""
@@ -243,7 +279,12 @@ class Trainer(Loops):
                           data_fallback_images=self.fallback_total, amp=self.step.describe(),
                           compile=self.model.describe(), compile_seconds=self.model.seconds,
                           overflow_steps=overflow, skipped_fraction=overflow / float(trained) if trained else 0.0,
+                          param_groups=describe_groups(self.step.optimizer, self.step.groups),
                           **self.saver.existing())
+            if self.ema is not None:
+                last = self.last_ema_val
+                fields["model_ema"] = dict(self.ema.describe(), final_acc1=last.acc1 if last else None,
+                                           final_acc5=last.acc5 if last else None, val_loss=last.loss if last else None)
             if totals is not None:
                 fields.update(totals.fields())
         if last_val is not None:
@@ -259,10 +300,12 @@ class Trainer(Loops):
         """--evaluate: one validation of the weights given (--resume FILE, --pretrained, or as initialised)."""
         plan, log, summary = self.plan, self.log, self.summary
         if plan.resume is not None:
-            sd = checkpoint.state_dict_of(plan.resume.load(), plan.resume.path)  # checked by the plan
+            read = checkpoint.ema_state_dict_of if plan.optim.model_ema else checkpoint.state_dict_of
+            sd = read(plan.resume.load(), plan.resume.path)  # checked by the plan
             plan.resume.release()
             self.model.load_state_dict(sd)
-            log("=> evaluating '{}'".format(plan.resume.path))
+            log("=> evaluating {}'{}'".format("the weight average (model_ema) of " if plan.optim.model_ema else "",
+                                             plan.resume.path))
         elif plan.model.pretrained is None:
             log("warning: --evaluate without --resume or --pretrained evaluates randomly initialised weights")
         if summary is not None:

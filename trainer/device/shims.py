@@ -44,6 +44,42 @@ def torch_compile(model, **kwargs):
     return torch.compile(model, **kwargs)
 
 
+def ema_multi_avg_fn(decay):
+    """torch's EMA update of a list of tensors towards another, ``fn(ema, model, n_averaged)``:
+    ``torch.optim.swa_utils.get_ema_multi_avg_fn`` (torch >= 2.1: one foreach lerp), else the same update tensor by
+    tensor (ema += (1 - decay) x (model - ema))."""
+    from torch.optim import swa_utils
+    make = getattr(swa_utils, "get_ema_multi_avg_fn", None)
+    if make is not None:
+        return make(decay)
+
+    @torch.no_grad()
+    def ema_update(ema_params, model_params, _):
+        for ema, current in zip(ema_params, model_params):
+            if ema.is_floating_point():
+                ema.lerp_(current, 1.0 - decay)
+            else:
+                ema.copy_(ema * decay + current * (1.0 - decay))
+    return ema_update
+
+
+def averaged_model(model, multi_avg_fn):
+    """torch's ``AveragedModel`` of ``model``: a copy on the model's device, its buffers averaged too, its
+    ``n_averaged`` on the host; ``multi_avg_fn`` where this torch's AveragedModel takes one (>= 2.1), else the
+    same function as its per-tensor ``avg_fn``."""
+    from torch.optim.swa_utils import AveragedModel
+    params = inspect.signature(AveragedModel).parameters
+    kwargs = {"use_buffers": True} if "use_buffers" in params else {}
+    if "multi_avg_fn" in params:
+        return AveragedModel(model, multi_avg_fn=multi_avg_fn, **kwargs)
+
+    def avg_fn(ema, current, n_averaged):
+        ema = ema.clone()
+        multi_avg_fn([ema], [current], n_averaged)
+        return ema
+    return AveragedModel(model, avg_fn=avg_fn, **kwargs)
+
+
 _OUT_OF_MEMORY = ("out of memory",  # CUDA ("CUDA out of memory"), torch_npu ("NPU out of memory")
                   "can't allocate memory")  # the CPU allocator ("DefaultCPUAllocator: can't allocate memory")
 

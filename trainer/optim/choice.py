@@ -3,13 +3,15 @@
 
 class OptimizerChoice:
     """What an optimizer factory returns: the optimizer, its name for logs and summary.json, whether
-    ``zero_grad`` may free the gradients, and a note for the log (or None). ``kind``: the ``--optimizer`` name
-    (``optim.create_optimizer`` names what it built)."""
+    ``zero_grad`` may free the gradients, a note for the log (or None) and the names of its parameter groups
+    (trainer/optim/groups.py). ``kind``: the ``--optimizer`` name (``optim.create_optimizer`` names what it
+    built)."""
 
     kind = "sgd"
 
-    def __init__(self, optimizer, name, grads_to_none=True, note=None):
+    def __init__(self, optimizer, name, grads_to_none=True, note=None, groups=("all",)):
         self.optimizer, self.name, self.grads_to_none, self.note = optimizer, name, grads_to_none, note
+        self.groups = tuple(groups)
 
     @property
     def fused(self):

@@ -8,42 +8,22 @@ either norm is zero), with SGD momentum on top, as torch's SGD applies it::
     w   = w - lr * buf
 
 BatchNorm parameters and biases are excluded, as in MLPerf's reference: no trust ratio and no weight decay
-(``d = g``). Everything stays on the device (no host sync); the momentum buffers are created as zeros when
-the optimizer is built, so a checkpoint always holds them. A step that a GradScaler skips for inf/NaN
-gradients never reaches ``step`` and changes nothing.
+(``d = g``; with ``--norm-weight-decay WD``, ``d = g + WD * w``). Everything stays on the device (no host sync);
+the momentum buffers are created as zeros when the optimizer is built, so a checkpoint always holds them. A step
+that a GradScaler skips for inf/NaN gradients never reaches ``step`` and changes nothing.
 """
 import torch
 
 from trainer.errors import UsageError
+from trainer.optim import groups
 from trainer.optim.choice import OptimizerChoice
 
-NORM_LAYERS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm,
-               torch.nn.GroupNorm, torch.nn.LayerNorm)
 
-
-def lars_groups(params_or_model, weight_decay):
-    """Parameter groups for LARS: weights, and the excluded BatchNorm (norm-layer) parameters and biases
-    (``lars_exclude``, no weight decay). A model is split by module type and parameter name; bare parameters
-    by shape (1-D: a bias or a norm layer's scale)."""
-    weights, excluded = [], []
-    if isinstance(params_or_model, torch.nn.Module):
-        seen = set()
-        for module in params_or_model.modules():
-            for name, p in module.named_parameters(recurse=False):
-                if id(p) in seen or not p.requires_grad:
-                    continue
-                seen.add(id(p))
-                (excluded if isinstance(module, NORM_LAYERS) or name == "bias" else weights).append(p)
-    else:
-        for p in params_or_model:
-            if p.requires_grad:
-                (excluded if p.dim() <= 1 else weights).append(p)
-    groups = []
-    if weights:
-        groups.append({"params": weights})
-    if excluded:
-        groups.append({"params": excluded, "weight_decay": 0.0, "lars_exclude": True})
-    return groups
+def lars_groups(params_or_model, weight_decay, norm_weight_decay=None):
+    """Parameter groups for LARS (trainer/optim/groups.py): weights, and the excluded BatchNorm (norm-layer)
+    parameters and biases (``lars_exclude``: no trust ratio; weight decay ``norm_weight_decay``, 0 where None)."""
+    norm = norm_weight_decay if norm_weight_decay is not None else 0.0
+    return groups.weight_decay_groups(params_or_model, weight_decay, norm, {"lars_exclude": True})[0]
 
 
 class LARS(torch.optim.Optimizer):
@@ -90,11 +70,13 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def build_lars(params_or_model, lr, momentum, weight_decay, device, with_scaler=False, apex_amp_in_use=False,
-               fused=None):
+def build_lars(params_or_model, lr, momentum, decay, device, with_scaler=False, apex_amp_in_use=False, fused=None):
     """``--optimizer lars``: plain torch, the same on every device (``device`` is not consulted). A GradScaler
-    skips its step on inf/NaN gradients like any unfused optimizer's."""
+    skips its step on inf/NaN gradients like any unfused optimizer's. ``decay``: an optim.WeightDecay (the norm
+    parameters' and biases': 0 where not given, MLPerf's)."""
     if fused:
         raise UsageError("--optimizer lars has no fused kernel: torch's fused SGD applies to --optimizer sgd only")
-    return OptimizerChoice(LARS(lars_groups(params_or_model, weight_decay), lr=lr, momentum=momentum,
-                                weight_decay=weight_decay), "trainer.optim.LARS", grads_to_none=True)
+    norm = decay.norm_and_bias if decay.norm_and_bias is not None else 0.0
+    param_groups, names = groups.weight_decay_groups(params_or_model, decay.weights, norm, {"lars_exclude": True})
+    return OptimizerChoice(LARS(param_groups, lr=lr, momentum=momentum, weight_decay=decay.weights),
+                           "trainer.optim.LARS", grads_to_none=True, groups=names)

@@ -8,6 +8,7 @@ import inspect
 
 import torch
 
+from trainer.optim import groups
 from trainer.optim.choice import OptimizerChoice
 
 
@@ -69,9 +70,10 @@ def torch_has_fused_sgd():
     return "fused" in inspect.signature(torch.optim.SGD).parameters
 
 
-def build_sgd(params, lr, momentum, weight_decay, device, with_scaler=False, apex_amp_in_use=False, fused=None):
+def build_sgd(params, lr, momentum, decay, device, with_scaler=False, apex_amp_in_use=False, fused=None):
     """An ``OptimizerChoice``: SGD with momentum for ``device``, safe with a GradScaler (``params``: parameters,
-    or a model).
+    or a model; ``decay``: an optim.WeightDecay, the norm parameters' and biases' in a group of their own where
+    given: trainer/optim/groups.py).
 
     ``fused`` None: the device's fastest SGD (its vendor's fused SGD where it has one, torch's fused SGD where
     the device prefers it, torch's default elsewhere); True/False forces torch's fused kernel on or off (tests
@@ -80,16 +82,17 @@ def build_sgd(params, lr, momentum, weight_decay, device, with_scaler=False, ape
     momentum untouched; its momentum buffers are created as zeros up front, because torch creates them with
     ``empty_like`` on the first step and an overflow there leaves them garbage.
     """
-    if isinstance(params, torch.nn.Module):
-        params = params.parameters()
-    params = list(params)
+    if not isinstance(params, torch.nn.Module):
+        params = list(params)
+    weight_decay = decay.weights
+    param_groups, names = groups.weight_decay_groups(params, weight_decay, decay.norm_and_bias)
     if fused is None:
         native = device.native_fused_sgd(apex_amp_in_use)
         if native is not None:
             opt_cls, name = native
             # vendor fused optimizers keep gradients in one flat buffer: zero_grad(set_to_none=True) raises
-            return OptimizerChoice(opt_cls(params, lr=lr, momentum=momentum, weight_decay=weight_decay), name,
-                                   grads_to_none=False)
+            return OptimizerChoice(opt_cls(param_groups, lr=lr, momentum=momentum, weight_decay=weight_decay), name,
+                                   grads_to_none=False, groups=names)
     want = device.prefers_torch_fused_sgd if fused is None else bool(fused)
     note = None
     if want and not torch_has_fused_sgd():
@@ -99,11 +102,11 @@ def build_sgd(params, lr, momentum, weight_decay, device, with_scaler=False, ape
         note = ("torch {}'s fused SGD does not skip overflow steps cleanly on {}: using the unfused SGD "
                 "with the loss scaler".format(torch.__version__, device.name))
     if want:
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=True)
+        opt = torch.optim.SGD(param_groups, lr=lr, momentum=momentum, weight_decay=weight_decay, fused=True)
         zero_momentum_buffers(opt)
-        return OptimizerChoice(opt, "torch.optim.SGD(fused)", grads_to_none=True, note=note)
-    return OptimizerChoice(torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay),
-                           "torch.optim.SGD", grads_to_none=True, note=note)
+        return OptimizerChoice(opt, "torch.optim.SGD(fused)", grads_to_none=True, note=note, groups=names)
+    return OptimizerChoice(torch.optim.SGD(param_groups, lr=lr, momentum=momentum, weight_decay=weight_decay),
+                           "torch.optim.SGD", grads_to_none=True, note=note, groups=names)
 
 
 def after_load(optimizer):

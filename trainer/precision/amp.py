@@ -171,6 +171,7 @@ class OptimizerStep:
         self.optimizer = choice.optimizer
         self.name = choice.name
         self.optimizer_kind = choice.kind  # the --optimizer name
+        self.groups = choice.groups  # the names of its parameter groups (trainer/optim/groups.py)
         self.device = device
         self.notes = [n for n in (precision.note, choice.note) if n]
         self.precision = precision
@@ -220,7 +221,8 @@ class OptimizerStep:
     def restore(self, ckpt, log):
         """Optimizer and loss-scaler state from a checkpoint dict (this project's, an older one of ours
         whose "amp" entry held everything, or the Ascend guide's / pytorch/examples'). A checkpoint of another
-        --optimizer is a UsageError: its state does not fit (files without the entry are SGD's)."""
+        --optimizer, or of other parameter groups (--norm-weight-decay), is a UsageError: its state does not fit
+        (files without the entry are SGD's); the groups' weight decay and momentum are the command line's."""
         config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
         theirs = config.get("optimizer") or optim.DEFAULT_OPTIMIZER
         if ckpt.get("optimizer") and theirs != self.optimizer_kind:
@@ -228,7 +230,8 @@ class OptimizerStep:
                              "resume with --optimizer {0}, or start a new run in another --output-dir".format(
                                  theirs, self.optimizer_kind))
         if ckpt.get("optimizer"):
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            from trainer.optim.groups import load_state
+            load_state(self.optimizer, ckpt["optimizer"], self.groups, log, config.get("norm_weight_decay"))
             if self.optimizer.defaults.get("fused"):
                 from trainer.optim.sgd import zero_momentum_buffers
                 zero_momentum_buffers(self.optimizer)  # a checkpoint saved before any step

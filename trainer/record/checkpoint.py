@@ -127,6 +127,17 @@ def state_dict_of(obj, path):
     return strip_module(sd)
 
 
+def ema_state_dict_of(obj, path):
+    """The weights of --model-ema's average a training checkpoint holds (its ``model_ema`` entry, torch's
+    AveragedModel's state dict, without ``module.``); a file without them is a UsageError."""
+    ema = obj.get("model_ema") if isinstance(obj, dict) else None
+    sd = {k[len("module."):]: v for k, v in ema.items() if k.startswith("module.")} if isinstance(ema, dict) else {}
+    if not sd or not all(torch.is_tensor(v) for v in sd.values()):
+        raise UsageError("'{}' holds no weight average (model_ema: trained without --model-ema): evaluate it "
+                         "without --model-ema".format(path))
+    return sd
+
+
 def shapes_of(model):
     """{name: shape} of a module's state dict (or of a state dict)."""
     sd = model.state_dict() if hasattr(model, "state_dict") else model
@@ -304,13 +315,15 @@ class CheckpointSaver:
 
     ``model``: the bare model; ``step``: the optimizer step (trainer/precision/amp.py: its optimizer and loss-scaler
     entries); ``schedule``: the LR schedule; ``record``: what every checkpoint states besides (``arch``,
-    ``model``, ``num_classes``, ``classes``, ``seed``, ``config``)."""
+    ``model``, ``num_classes``, ``classes``, ``seed``, ``config``); ``ema``: --model-ema's average (saved as
+    ``model_ema``, torchvision's key), or None."""
 
-    def __init__(self, section, model, step, schedule, device, record):
+    def __init__(self, section, model, step, schedule, device, record, ema=None):
         self.last = os.path.join(section.output_dir, last_name(section.checkpoint_prefix))
         self.best = os.path.join(section.output_dir, BEST)
         self.out_dir, self.prefix, self.freq = section.output_dir, section.checkpoint_prefix, section.checkpoint_freq
         self.model, self.step, self.schedule, self.device, self.record = model, step, schedule, device, record
+        self.ema = ema
 
     def state(self, epoch, best_acc1):
         """The checkpoint of ``epoch`` epochs completed: pytorch/examples' and the Ascend guide's keys
@@ -321,6 +334,8 @@ class CheckpointSaver:
         state.update(state_dict=self.model.state_dict(), lr_schedule=self.schedule.state_dict(),
                      rng=rng_states(self.device), best_acc1=float(best_acc1) if best_acc1 is not None else None)
         state.update(self.step.checkpoint_entries())
+        if self.ema is not None:
+            state["model_ema"] = self.ema.state_dict()
         return state
 
     def save(self, epoch, best_acc1, is_best):

@@ -153,6 +153,7 @@ class TrainStats:
     acc5: float
     images: int
     step_losses: tuple = ()  # (global step, the training loss of the printed interval ending there), per print
+    step_lrs: tuple = ()  # (global step, the LR of that step), per print
 
     @property
     def last_loss(self):
@@ -198,8 +199,9 @@ class EvalStats:
         return dataclasses.asdict(self)
 
 
-def summary_line(acc1, acc5):
-    return " *   Acc@1 {:.3f} Acc@5 {:.3f}".format(acc1, acc5)
+def summary_line(acc1, acc5, label=""):
+    """pytorch/examples' line after a validation (``label``: "EMA " for --model-ema's average)."""
+    return " *   {}Acc@1 {:.3f} Acc@5 {:.3f}".format(label, acc1, acc5)
 
 
 class ZooLines:

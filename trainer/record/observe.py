@@ -38,7 +38,7 @@ class Silent:
     def train_point(self, global_step, values):
         pass
 
-    def validation(self, global_step, values):
+    def validation(self, global_step, values, tag="val"):
         pass
 
     def epoch_record(self, record):
@@ -142,11 +142,12 @@ class Recorder(Silent):
             if values.get(key) is not None:
                 self.tb.add_scalar(tag, values[key], global_step)
 
-    def validation(self, global_step, values):
+    def validation(self, global_step, values, tag="val"):
+        """A validation's scalars under ``tag`` (val; val_ema: --model-ema's average)."""
         if self.tb is None:
             return
         for key in ("loss", "acc1", "acc5"):
-            self.tb.add_scalar("val/" + key, values[key], global_step)
+            self.tb.add_scalar(tag + "/" + key, values[key], global_step)
         if values.get("epoch_seconds") is not None:
             self.tb.add_scalar("train/epoch_seconds", values["epoch_seconds"], global_step)
         self.tb.flush()
