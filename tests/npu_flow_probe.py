@@ -1,7 +1,5 @@
-"""Child process with the fake torch_npu: the trainer's whole flow on --device npu.
-
-Tensors cannot live on a fake NPU, so the run stops at the first tensor that moves to the
-device; what matters here is what happened before: set_device is the very first NPU call.
+"""Child process with the fake torch_npu: the trainer's whole flow on --device npu, one step on the fake device
+(tests/fake_npu/torch_npu/_double.py); what matters here is the order: set_device is the very first NPU call.
 """
 import json
 import sys
@@ -13,7 +11,8 @@ from trainer.config import parse_config
 from trainer.plan import plan
 
 cfg = parse_config(["--dummy", "--device", "npu", "--gpu", "5", "-a", "tiny_cnn", "--output-dir",
-                       sys.argv[1], "--epochs", "1"], env={}).cfg
+                       sys.argv[1], "--epochs", "1", "--max-steps-per-epoch", "1", "--no-validate", "-b", "2",
+                       "--train-crop-size", "32"], env={}).cfg
 planned = plan(cfg, env={})
 torch_npu.reset_calls()
 try:

@@ -426,16 +426,19 @@ def grad_scaler_saturation_mode_clears_the_overflow_flag_once_per_step():
 
 
 @check()
-def autocast_records_dtype_and_casts_on_cpu():
+def autocast_records_dtype_and_casts_on_the_device():
     import torch
     import torch_npu
     torch_npu.reset_calls()
     a = torch.randn(4, 4)
+    double = torch_npu._double.unavailable is None  # without the device double: CPU autocast in bfloat16
+    d = a.to("npu:0") if double else a
     with torch_npu.npu.amp.autocast():
-        y = a @ a
-    assert y.dtype == torch.bfloat16
+        y, h = d @ d, a @ a
+    assert y.dtype == (torch.float16 if double else torch.bfloat16)
+    assert h.dtype == (torch.float32 if double else torch.bfloat16)  # the double's autocast: device tensors only
     with torch.npu.amp.autocast(enabled=False):
-        z = a @ a
+        z = d @ d
     assert z.dtype == torch.float32
     assert torch_npu.calls == [("autocast", torch.float16, True), ("autocast", torch.float16, False)]
 

@@ -153,6 +153,6 @@ def test_device_list_checked_against_visible_npus(obs):
 def test_run_sets_device_before_anything_else(tmp_path):
     out = probe("npu_flow_probe.py", str(tmp_path))
     assert out["calls"][0] == ["set_device", "npu:5"]
-    # the flow reached the device (and stopped there: fake NPUs hold no tensors)
-    assert out["stopped"] == "NotImplementedError"
+    # the flow trained its step on the (fake) device
+    assert out["stopped"] is None
     assert sum(1 for c in out["calls"] if c[0] == "set_device") == 1

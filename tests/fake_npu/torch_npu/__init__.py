@@ -2,8 +2,9 @@
 
 Not the real Ascend Extension for PyTorch. Names, signatures and behaviour follow the torch_npu
 release built for the torch it is imported under: 2.14.0 on torch >= 2.3, 2.1.0.post17 on torch
-2.1 and 2.2 (torch_npu/_release.py; docs/NPU_API.md). Tensors never leave the CPU: the device
-functions only keep and record state. N comes from $FAKE_NPU_DEVICE_COUNT (default 8).
+2.1 and 2.2 (torch_npu/_release.py; docs/NPU_API.md). Tensors on npu:N hold their data in host memory
+and every op runs on the CPU (the device double, torch_npu/_double.py); the device functions keep and
+record state. N comes from $FAKE_NPU_DEVICE_COUNT (default 8).
 
 Like the real package, importing it renames torch's PrivateUse1 backend to "npu" (so that
 ``torch.device("npu:3")`` parses), registers ``torch.npu`` (the same object as
@@ -46,6 +47,9 @@ def _register_backend():
     if not hasattr(torch.Tensor, "is_npu"):
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_storage=False)
+    from torch_npu import _double
+
+    _double.setup()  # tensors on npu:N (_double.py)
 
 
 def _accelerator_answers_for_npu():

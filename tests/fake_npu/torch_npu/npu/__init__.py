@@ -117,6 +117,7 @@ def set_device(device):
         _check_index(idx)
         _current = idx
         _initialized = True
+        torch_npu._double.set_current(idx)
 
 
 def current_device():
@@ -141,11 +142,13 @@ class device(object):
         self.prev_idx = current_device()
         _check_index(self.idx)
         _current = self.idx
+        torch_npu._double.set_current(self.idx)
 
     def __exit__(self, *args):
         global _current
         if self.prev_idx >= 0:
             _current = self.prev_idx
+            torch_npu._double.set_current(self.prev_idx)
         return False
 
 
@@ -310,6 +313,30 @@ def get_amp_supported_dtype():
     """float16 and bfloat16 (2.1.0.post17 npu/autocast_utils.py:8-11); 2.14.0 adds float32 (same lines)."""
     dtypes = [torch.float16, torch.bfloat16]
     return dtypes if _release.V2_1 else dtypes + [torch.float32]
+
+
+# The device's autocast state, which torch 2.1's torch.autocast("npu") reads and sets through the device module
+# (torch >= 2.3 keeps it for every device itself): the device double's (torch_npu/_double.py).
+def is_autocast_enabled():
+    return bool(torch_npu._double.native().autocast_enabled()) if _release.V2_1 else torch.is_autocast_enabled("npu")
+
+
+def set_autocast_enabled(enable):
+    if _release.V2_1:
+        torch_npu._double.native().set_autocast_enabled(bool(enable))
+    else:
+        torch.set_autocast_enabled("npu", enable)
+
+
+def get_autocast_dtype():
+    return torch_npu._double.native().autocast_dtype().dtype if _release.V2_1 else torch.get_autocast_dtype("npu")
+
+
+def set_autocast_dtype(dtype):
+    if _release.V2_1:
+        torch_npu._double.native().set_autocast_dtype(torch.empty(0, dtype=dtype))
+    else:
+        torch.set_autocast_dtype("npu", dtype)
 
 
 from torch_npu.npu import utils  # noqa: E402,F401
