@@ -13,11 +13,13 @@ STAMP_COMPAT := $(VENV_COMPAT)/.installed
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
 # lanes of their own, on each stack: the jobs of several ranks (marker "ranks": conftest.RANKS runs them one after
 # another) and the graph-mode tests (--compile; marker "graph": compiling takes a CPU minutes)
-MAIN_TESTS   := -m "not graph and not ranks and not slurm"
-RANKS_TESTS  := -m "ranks and not graph and not slurm"
+MAIN_TESTS   := -m "not graph and not ranks and not slurm and not double"
+RANKS_TESTS  := -m "ranks and not graph and not slurm and not double"
 GRAPH_TESTS  := -m graph
+# runs that train on the torch_npu double (marker "double", conftest.DOUBLE), its ranks' jobs included
+DOUBLE_TESTS := -m "double and not graph and not slurm"
 
-.PHONY: install install-compat test test-ranks test-slurm test-graph test-compat test-ranks-compat test-graph-compat demo lint clean-demo check-device
+.PHONY: install install-compat test test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -71,6 +73,14 @@ test-graph: install
 
 test-graph-compat: install-compat
 	$(PY_COMPAT) -m pytest $(GRAPH_TESTS) $(PYTEST_ARGS)
+
+# main.py's NPU ways to run, trained end to end on the torch_npu double (tests/fake_npu: tensors on npu:N with
+# host data), on the pinned stack, then on torch 2.1.0
+test-npu: install
+	$(PY) -m pytest $(DOUBLE_TESTS) $(PYTEST_ARGS)
+
+test-npu-compat: install-compat
+	$(PY_COMPAT) -m pytest $(DOUBLE_TESTS) $(PYTEST_ARGS)
 
 # What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
 # check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.

@@ -73,6 +73,9 @@ def tiny_layout(tmp_path_factory):
 # with --dist loadgroup): two such jobs at once could race for the ports each picks free and then binds.
 # They are also marked "ranks" (below), their own lane: make test-ranks.
 RANKS = pytest.mark.xdist_group("ranks")
+# Runs that train on the torch_npu double (tests/fake_npu) are their own lane, make test-npu: a module sets
+# ``pytestmark = [DOUBLE, ...]``; its jobs of several ranks are RANKS as well (one worker) and stay in that lane.
+DOUBLE = pytest.mark.double
 
 
 def pytest_collection_modifyitems(config, items):
