@@ -28,7 +28,7 @@ $(STAMP): requirements.txt requirements-common.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY) -m pip check
-	@command -v shellcheck >/dev/null 2>&1 || ./tools/install_system_deps.sh
+	@./tools/install_system_deps.sh
 	@touch $@
 
 install-compat: $(STAMP_COMPAT)
@@ -38,6 +38,7 @@ $(STAMP_COMPAT): requirements-compat.txt requirements-common.txt pyproject.toml
 	$(PY_COMPAT) -m pip install -q --disable-pip-version-check -r requirements-compat.txt
 	$(PY_COMPAT) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY_COMPAT) -m pip check
+	@./tools/install_system_deps.sh
 	@touch $@
 
 # the pinned stack (requirements.txt)
