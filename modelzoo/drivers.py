@@ -44,8 +44,9 @@ def rank_env(p, r, port, env):
             e.pop(k, None)
         e["ASCEND_DEVICE_ID"] = str(p.device_id)
     else:  # the guides' shell loop, one process per device
-        e.update(RANK_ID=str(r), LOCAL_RANK=str(r), RANK_SIZE=str(p.ranks), MASTER_ADDR="127.0.0.1",
-                 MASTER_PORT=str(port))
+        e.update(RANK_ID=str(p.rank_ids[r]), LOCAL_RANK=str(r), RANK_SIZE=str(p.world), MASTER_PORT=str(port))
+        if p.table is None or p.master_addr:  # a rank table's server of rank 0 (named otherwise: main.py decides)
+            e["MASTER_ADDR"] = p.master_addr or "127.0.0.1"
     if p.scale != "1p":  # LOCAL_RANK is the rank's slot on this node, DEVICE_ID its device (a rank table's device_id)
         e["DEVICE_ID"] = str(p.devices[r])
     return e
@@ -75,8 +76,7 @@ def start_ranks(p, cmd, env, ranks):
             print("started: pid {}, log {}".format(proc.pid, log), flush=True)
         else:
             # each rank binds its own cores (main.py --cpu-binding, trainer/job/affinity.py): no taskset here
-            print("rank {}: pid {}, device {}, log {}".format(p.node_rank * p.ranks + r, proc.pid, p.devices[r], log),
-                  flush=True)
+            print("rank {}: pid {}, device {}, log {}".format(p.rank_ids[r], proc.pid, p.devices[r], log), flush=True)
     return logs
 
 
@@ -212,7 +212,9 @@ def run(mode, scale, argv, env=None):
                  p.ranks, p.device, ",".join(str(d) for d in p.devices),
                  " (node {} of {}, {} ranks in all, master {}:{})".format(p.node_rank, p.nodes, p.world,
                                                                           p.master_addr, p.port)
-                 if p.nodes > 1 else ""))
+                 if p.nodes > 1 else " (server {} of {} in RANK_TABLE_FILE, {} ranks in all, master {}:{})".format(
+                     p.table["server"], p.table["servers"], p.world, p.master_addr, p.port)
+                 if p.table is not None and p.table["servers"] > 1 else ""))
     print("{}: {}{} | {} | global batch {} | lr {:g} | {} epoch(s){} | precision {} | output {}".format(
         script, p.model, " (recipe {})".format(p.recipe) if p.recipe else "", where, p.batch, p.lr, p.epochs,
         " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
@@ -238,8 +240,10 @@ def run(mode, scale, argv, env=None):
         return code
     print("finished in {} s".format(int(time.time() - t0)) if scale == "1p" else
           "all {} ranks finished in {} s".format(p.ranks, int(time.time() - t0)), flush=True)
-    if p.node_rank > 0:  # rank 0 (node 0) writes summary.json: the results are there
-        print("node {}: done; node 0 reports the results (its summary.json and case log)".format(p.node_rank))
+    if 0 not in p.rank_ids:  # rank 0's node writes summary.json: the results are there
+        print("node {}: done; {} reports the results (its summary.json and case log)".format(
+            p.node_rank if p.table is None else p.table["server"],
+            "node 0" if p.table is None else "the server of rank 0 ({})".format(p.master_addr)))
         return 0
     report = ["report", "--summary", os.path.join(p.output_dir, "summary.json"), "--network", p.network,
               "--rank-size", str(p.world), "--batch-size", str(p.batch), "--mode", p.case_mode,

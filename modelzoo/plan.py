@@ -226,7 +226,7 @@ def resolve(a, mode, scale, script, env):
         raise UsageError("--profiling and -- --profile-steps both set the profiled steps: give one")
 
     # -- ranks and devices
-    p.nodes, p.node_rank, p.master_addr = 1, 0, None
+    p.nodes, p.node_rank, p.master_addr, p.table = 1, 0, None, None
     if scale == "1p":
         p.ranks, p.devices = 1, None
         if device_id is None:
@@ -243,9 +243,10 @@ def resolve(a, mode, scale, script, env):
                 raise UsageError("--rank_size={} but --device_list={} names {} device(s)".format(
                     rank_size, a.device_list, len(p.devices)))
         elif env.get("RANK_TABLE_FILE"):  # the job's rank table: this host's devices, in its order
-            from trainer.job.clusters import host_devices
+            from trainer.job.clusters import host_ranks
             from trainer.job.rendezvous import is_local_address
-            p.devices = host_devices(env, is_local_address)
+            p.table = host_ranks(env, is_local_address)  # a job of several servers: one driver on each
+            p.devices = p.table["devices"]
             if rank_size is not None and rank_size != len(p.devices):
                 raise UsageError("--rank_size={} but RANK_TABLE_FILE '{}' lists {} device(s) for this host ({}): "
                                  "give --rank_size={}, or leave it out".format(
@@ -262,6 +263,12 @@ def resolve(a, mode, scale, script, env):
                 from trainer.job.launch import DEFAULT_PORT
                 port = str(DEFAULT_PORT)  # every node must name the same port
     p.world = p.nodes * p.ranks
+    p.rank_ids = tuple(p.node_rank * p.ranks + r for r in range(p.ranks))  # this node's ranks, slot by slot
+    if p.table is not None:  # the table numbers the job's ranks, and its server of rank 0 is the master
+        p.world, p.rank_ids, p.master_addr = p.table["world_size"], p.table["ranks"], p.table["master"]
+        if p.table["servers"] > 1 and port is None:
+            from trainer.job.launch import DEFAULT_PORT
+            port = env.get("MASTER_PORT") or str(DEFAULT_PORT)  # every server must name the same port
     p.device_id, p.port = device_id, port
 
     # -- arch, recipe, and the values the run takes

@@ -76,6 +76,21 @@ RANKS = pytest.mark.xdist_group("ranks")
 # Runs that train on the torch_npu double (tests/fake_npu) are their own lane, make test-npu: a module sets
 # ``pytestmark = [DOUBLE, ...]``; its jobs of several ranks are RANKS as well (one worker) and stay in that lane.
 DOUBLE = pytest.mark.double
+FAKE_NPU = os.path.join(ROOT, "tests", "fake_npu")
+
+
+@pytest.fixture(scope="session")
+def npu_double():
+    """The double's C++ part built (or loaded) once, in a child process, before a test that trains on it; without
+    a C++ compiler the test skips with the double's reason (tests/fake_npu/README.md)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE_NPU, ROOT]))
+    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    proc = subprocess.run([PY, "-c", "import json, torch, torch_npu; print(json.dumps(torch_npu._double.unavailable))"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    why = json.loads(proc.stdout.strip().splitlines()[-1])
+    if why:
+        pytest.skip(why)
 
 
 def pytest_collection_modifyitems(config, items):

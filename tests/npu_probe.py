@@ -106,32 +106,6 @@ def train_steps(cfg, poison_at, n=4, momentum=0.0):
     return step, trace
 
 
-# 4. native amp on the NPU path: overflow steps skipped and counted, dynamic and static scale
-step, trace = train_steps(cfg_for("--amp", "--amp-impl", "native", "--device", "npu"), poison_at={1})
-obs["native_trace"] = trace
-obs["native_overflow_steps"] = step.overflow_steps()
-obs["native_state_keys"] = sorted(step.checkpoint_entries())
-obs["native_describe"] = step.describe()
-obs["native_calls"] = [c[0] + ("" if c[0] != "GradScaler.step" else ":" + str(c[1])) for c in torch_npu.calls
-                       if c[0].startswith("GradScaler")]
-step, trace = train_steps(cfg_for("--amp", "--amp-impl", "native", "--device", "npu", "--loss-scale", "128"),
-                          poison_at={0, 2})
-obs["static_trace"] = trace
-obs["static_scale_after"] = step.loss_scale()
-obs["static_overflow_steps"] = step.overflow_steps()
-
-# 5. apex on the NPU path: initialize with combine_grad, a static scale held by min = max, scale_loss
-cfg = cfg_for("--amp", "--amp-impl", "apex", "--opt-level", "O2", "--loss-scale", "128", "--device", "npu")
-step, trace = train_steps(cfg, poison_at={1}, momentum=0.9)
-init = [c for c in apex.calls if c[0] == "initialize"]
-obs["apex_initialize"] = {k: v for k, v in init[0][1].items()
-                          if k in ("opt_level", "loss_scale", "combine_grad", "min_loss_scale", "max_loss_scale")}
-obs["apex_scale_loss_calls"] = sum(1 for c in apex.calls if c[0] == "scale_loss")
-obs["apex_trace"] = trace
-obs["apex_scale_after"] = step.loss_scale()
-obs["apex_state_keys"] = sorted(step.checkpoint_entries())
-obs["apex_optimizer"] = step.name
-
 # 6. device list checks before any process starts
 from trainer.job import launch  # noqa: E402
 try:

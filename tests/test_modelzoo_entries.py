@@ -1,6 +1,7 @@
 """Ascend ModelZoo's own command lines on main.py (ResNet50_ID4149's main.py, Shufflenetv2's 8p_main_med.py): their
 flags with their meaning, their launch loops, their defaults, a second run in the same folder, and the log lines
-their scripts grep. The command lines and the greps below are written here after those scripts (sizes reduced)."""
+their scripts grep. The command lines and the greps below are written here after those scripts (sizes reduced).
+Here on the CPU; their 8p loops on the NPU (the torch_npu double, --device auto): tests/test_npu_jobs.py."""
 import json
 import os
 import subprocess

@@ -1,5 +1,7 @@
 """The NPU decisions of the device layer and the mixed-precision module, checked against the
-test-only fake torch_npu / Ascend apex (tests/fake_npu) in a child process."""
+test-only fake torch_npu / Ascend apex (tests/fake_npu) in a child process. What whole runs on the device double
+show (set_device first, overflow steps skipped by torch_npu's GradScaler and by apex, apex.amp.initialize's
+arguments) is tested on those runs: tests/test_npu_runs.py."""
 import json
 import os
 import subprocess
@@ -53,46 +55,11 @@ def test_amp_comes_from_torch_npu(obs):
     assert obs["scaler_static_scale"] == 128.0
 
 
-def _skipped_exactly(trace, poisoned):
-    return [t["unchanged"] for t in trace] == [i in poisoned for i in range(len(trace))] and \
-        [t["found"] for t in trace] == [1.0 if i in poisoned else 0.0 for i in range(len(trace))]
-
-
-def test_native_scaler_skips_overflow_steps_and_counts_them(obs):
-    assert _skipped_exactly(obs["native_trace"], {1})
-    assert obs["native_overflow_steps"] == 1
-    assert obs["native_describe"]["impl"] == "native" and obs["native_describe"]["dtype"] == "float16"
-    assert obs["native_describe"]["final_loss_scale"] == 65536.0 / 2  # backed off once
-    assert "scaler" in obs["native_state_keys"]
-    # torch_npu's GradScaler decides: step, step skipped, and update after each
-    assert obs["native_calls"] == ["GradScaler", "GradScaler.step:stepped", "GradScaler.update",
-                                   "GradScaler.step:skipped", "GradScaler.update",
-                                   "GradScaler.step:stepped", "GradScaler.update",
-                                   "GradScaler.step:stepped", "GradScaler.update"]
-
-
-def test_static_scale_skips_overflow_steps_and_stays(obs):
-    assert _skipped_exactly(obs["static_trace"], {0, 2})
-    assert obs["static_scale_after"] == 128.0
-    assert obs["static_overflow_steps"] == 2
-
-
 def test_fused_sgd_and_zero_grad(obs):
     assert obs["optimizer"] == "torch_npu.optim.NpuFusedSGD"
     assert obs["optimizer_module"].startswith("torch_npu.optim")
     assert obs["grads_to_none"] is False  # NpuFusedSGD raises on set_to_none=True
     assert obs["optimizer_with_apex"] == "apex.optimizers.NpuFusedSGD"
-
-
-def test_apex_initialize_with_combine_grad_and_a_held_static_scale(obs):
-    # apex's static mode never skips an overflow step; its dynamic mode held at 128 does
-    assert obs["apex_initialize"] == {"opt_level": "O2", "loss_scale": "dynamic", "combine_grad": True,
-                                      "min_loss_scale": 128.0, "max_loss_scale": 128.0}
-    assert obs["apex_scale_loss_calls"] == 4
-    assert _skipped_exactly(obs["apex_trace"], {1})
-    assert obs["apex_scale_after"] == 128.0
-    assert "amp" in obs["apex_state_keys"]
-    assert obs["apex_optimizer"] == "apex.optimizers.NpuFusedSGD"
 
 
 HELD_1024 = {"loss_scale": "dynamic", "min_loss_scale": 1024.0, "max_loss_scale": 1024.0,
@@ -148,11 +115,3 @@ def test_device_data_backend_decodes_through_torchvision_npu(obs):
 def test_device_list_checked_against_visible_npus(obs):
     assert "asks for npu device 8 but 8 visible" in obs["too_many"]
     assert "ascending order" in obs["descending"]
-
-
-def test_run_sets_device_before_anything_else(tmp_path):
-    out = probe("npu_flow_probe.py", str(tmp_path))
-    assert out["calls"][0] == ["set_device", "npu:5"]
-    # the flow trained its step on the (fake) device
-    assert out["stopped"] is None
-    assert sum(1 for c in out["calls"] if c[0] == "set_device") == 1

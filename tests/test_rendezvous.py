@@ -1,5 +1,6 @@
 """Jobs of several ranks meeting and failing: torchrun's restarts (under load), the rendezvous timeout, the guides'
-tcp:// URL; each failure as one line. (A rank killed mid-step: tests/test_failures.py.)"""
+tcp:// URL, on the CPU and on the NPU (the torch_npu double); each failure as one line. (A rank killed mid-step:
+tests/test_failures.py.)"""
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, free_port, read_lines, read_summary, run_main
+from conftest import DOUBLE, PY, RANKS, ROOT, SMALL, child_env, finish, free_port, read_lines, read_summary, run_main
 
 pytestmark = [RANKS, pytest.mark.timeout(400)]
 
@@ -186,19 +187,30 @@ def _parent(pid):
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def test_the_guides_tcp_url_forms_the_hccl_group_on_a_fake_npu(data70, tmp_path):
-    """On the (fake) NPU, where a tcp:// URL used to be refused: the guide's 8-card line as typed (placeholder
-    --addr 1.1.1.1, --dist-url tcp://127.0.0.1:PORT, --dist-backend hccl) forms the hccl group of both ranks.
-    (With --addr the job would have stopped before any rank started: 1.1.1.1 is not this machine.) The fake
-    stack cannot train, so only the launch is checked."""
+@DOUBLE
+def test_the_guides_tcp_url_forms_the_hccl_group_on_the_npu_and_trains_as_on_the_cpu(npu_double, data70, tmp_path):
+    """On the NPU (the torch_npu double), where a tcp:// URL used to be refused: the guide's 8-card line as typed
+    (placeholder --addr 1.1.1.1, --dist-url tcp://127.0.0.1:PORT, --dist-backend hccl) forms the hccl group of both
+    ranks and trains to the end with the numbers of the same line on the CPU (gloo there). (With --addr alone the
+    job would have stopped before any rank started: 1.1.1.1 is not this machine.)"""
     calls = tmp_path / "calls.jsonl"
-    env = {"PYTHONPATH": os.path.join(ROOT, "tests", "fake_npu"), "FAKE_NPU_DEVICE_COUNT": "8",
-           "FAKE_NPU_CALL_LOG": str(calls)}
-    proc = run_main([data70, "--output-dir", str(tmp_path / "out"), "--addr=1.1.1.1", "--dist-url",
-                     "tcp://127.0.0.1:{}".format(free_port()), "--dist-backend", "hccl",
-                     "--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0,1"]
-                    + EPOCHS3 + ["--device", "npu"], env=env, timeout=300)
-    assert "master address" not in proc.stderr and "rendezvous" not in proc.stderr, proc.stderr[-2000:]
+    fake = {"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests", "fake_npu"), ROOT]),
+            "FAKE_NPU_DEVICE_COUNT": "8", "FAKE_NPU_CALL_LOG": str(calls), "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for device, env in (("npu", fake), ("cpu", {"OMP_NUM_THREADS": "1"})):
+        out = tmp_path / device
+        proc = run_main([data70, "--output-dir", str(out), "--addr=1.1.1.1", "--dist-url",
+                         "tcp://127.0.0.1:{}".format(free_port()), "--dist-backend", "hccl",
+                         "--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0,1"]
+                        + EPOCHS3 + ["--epochs", "1", "--max-steps-per-epoch", "2", "--device", device], env=env,
+                        timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[device] = read_summary(out)
     with open(str(calls)) as f:
         made = sorted(tuple(json.loads(line)["call"]) for line in f)
     assert ("hccl.new_group", 0, 2) in made and ("hccl.new_group", 1, 2) in made, made
+    npu, cpu = runs["npu"], runs["cpu"]
+    assert npu["status"] == cpu["status"] == "ok" and npu["device"] == "npu:0" and npu["world_size"] == 2
+    assert npu["config"]["dist_backend"] == "hccl" and npu["final_acc1"] == cpu["final_acc1"]
+    for key in ("final_loss", "val_loss"):
+        assert npu[key] == pytest.approx(cpu[key], rel=1e-5), key

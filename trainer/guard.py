@@ -2,7 +2,7 @@
 stops on every rank with status ``diverged`` (exit code 4) before any checkpoint takes its weights.
 
 The counters live on the device and are read (and reduced over ranks) only where the engine reads
-its meters anyway: at print steps and at the end of an epoch. No extra host sync per step.
+its meters, in the same transfer: at print steps and at the end of an epoch. No host sync of its own.
 """
 import torch
 
@@ -56,13 +56,21 @@ class Guard:
             self._run = (self._run + 1.0) * f
             self.stats[1] = torch.maximum(self.stats[1], self._run)
 
-    def check(self, dist, epoch, lr_at, loss_scale=lambda: None):
+    def reduced(self, dist):
+        """The counters, the max over ranks, as a device tensor: for ``check``'s ``values``, read in the same
+        transfer as the meters (metrics.Sums.read's ``extras``)."""
+        return dist.all_reduce_max(self.stats.clone())
+
+    def check(self, dist, epoch, lr_at, loss_scale=lambda: None, values=None):
         """Raise ``Diverged`` if any rank saw a non-finite loss or too long an overflow run.
 
-        ``lr_at(step)`` gives the LR of a 0-based step of this epoch; ``loss_scale()`` the current scale.
+        ``lr_at(step)`` gives the LR of a 0-based step of this epoch; ``loss_scale()`` the current scale;
+        ``values``: the host values of ``reduced(dist)`` where the caller read them already (else read here:
+        one host sync).
         """
-        t = dist.all_reduce_max(self.stats.clone())
-        nonfinite, run, neg_first = (float(v) for v in t.tolist())
+        if values is None:
+            values = self.reduced(dist).tolist()
+        nonfinite, run, neg_first = (float(v) for v in values)
         if nonfinite > 0:
             step = int(round(-neg_first))  # 1-based, as in the log lines
             raise Diverged("non-finite training loss", {"epoch": epoch, "step": step, "lr": lr_at(step - 1),

@@ -242,11 +242,24 @@ def _this_host(servers, is_local, path):
 
 def host_devices(env, is_local):
     """The device ids RANK_TABLE_FILE lists for this host, slot by slot (the table's order), or None without one."""
+    place = host_ranks(env, is_local)
+    return None if place is None else place["devices"]
+
+
+def host_ranks(env, is_local):
+    """This host's part of RANK_TABLE_FILE's job, or None without one: its device ids slot by slot ("devices"),
+    their rank ids ("ranks"), the job's ranks ("world_size"), its servers ("servers"), this host's index among
+    them ("server") and the server of rank 0 ("master": an address, or None where the table names it otherwise)."""
     path = env.get("RANK_TABLE_FILE")
     if not path:
         return None
     servers = read_rank_table(path)
-    return tuple(d for d, _ in servers[_this_host(servers, is_local, path)][1])
+    server = _this_host(servers, is_local, path)
+    devices = servers[server][1]
+    master = [name for name, listed in servers if any(r == 0 for _, r in listed)][0]
+    return {"devices": tuple(d for d, _ in devices), "ranks": tuple(r for _, r in devices),
+            "world_size": sum(len(listed) for _, listed in servers), "servers": len(servers), "server": server,
+            "master": master if _address(master) else None}
 
 
 def rank_table_place(env, is_local, local_rank=None):

@@ -258,12 +258,12 @@ class Sums:
 
     def read(self, reduce_fn=None, extras=None):
         """Host values (reduced over processes by ``reduce_fn``): (interval, running) dicts. With ``extras``
-        ({name: device scalar or number}, not reduced) also a dict of their host values, read in the same
-        transfer (no sync of their own)."""
+        ({name: device tensor or number}, not reduced) also a dict of their host values (a number for a tensor
+        of one element, else a list), read in the same transfer (no sync of their own)."""
         t = self.total if reduce_fn is None else reduce_fn(self.total.clone())
         names = [k for k, v in (extras or {}).items() if torch.is_tensor(v)]
         if names:
-            t = torch.cat([t, torch.stack([extras[k].detach().reshape(()).float().to(t.device) for k in names])])
+            t = torch.cat([t] + [extras[k].detach().reshape(-1).float().to(t.device) for k in names])
         values = [float(v) for v in t.tolist()]
         now = values[:4]
         delta = [a - b for a, b in zip(now, self._seen)]
@@ -271,7 +271,11 @@ class Sums:
         if extras is None:
             return _as_metrics(delta), _as_metrics(now)
         host = {k: v for k, v in extras.items() if not torch.is_tensor(v)}
-        host.update(zip(names, values[4:]))
+        at = 4
+        for k in names:
+            n = extras[k].numel()
+            host[k] = values[at] if n == 1 else values[at:at + n]
+            at += n
         return _as_metrics(delta), _as_metrics(now), host
 
 

@@ -86,6 +86,9 @@ for _name in ("convolution", "convolution_backward", "mm", "addmm", "bmm", "badd
     _packet = getattr(aten, _name, None)
     if _packet is not None:
         _CUBE.update(getattr(_packet, overload) for overload in _packet.overloads())
+# ops whose float16 CPU kernel is missing (torch 2.1's norms): computed in float32 from the first time one raised
+# "not implemented for 'Half'" on (each raise costs milliseconds: torch 2.1 records the C++ stack)
+_NO_HALF = set()
 _NO_HOST_AUTOCAST = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 
@@ -181,7 +184,8 @@ class NpuTensor(torch.Tensor):
                 and host_args[position].dtype == torch.int32:
             host_args = host_args[:position] + (host_args[position].long(),) + host_args[position + 1:]
         with torch._C._ExcludeDispatchKeyGuard(_NO_HOST_AUTOCAST):  # the device's autocast already decided
-            if func in _CUBE and any(isinstance(t, torch.Tensor) and t.dtype == torch.float16 for t in host_args):
+            if (func in _CUBE or func in _NO_HALF) and any(isinstance(t, torch.Tensor) and t.dtype == torch.float16
+                                                          for t in host_args):
                 result = _in_float32(func, host_args, host_kwargs)
             else:
                 try:
@@ -189,6 +193,7 @@ class NpuTensor(torch.Tensor):
                 except (RuntimeError, NotImplementedError) as exc:
                     if "not implemented for 'Half'" not in str(exc):
                         raise
+                    _NO_HALF.add(func)
                     result = _in_float32(func, host_args, host_kwargs)
         if out_device is not None and out_device.type != "npu":
             return result
@@ -219,16 +224,21 @@ def _in_float32(func, args, kwargs):
 
     floating = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
     all_half = all(t.dtype == torch.float16 for t in floating)
+    # a float16 input with float32 parameters (a norm of apex O2's model, whose norms stay float32): the first
+    # result (the output, or the input's gradient) follows the input, the others (statistics, the parameters'
+    # gradients) stay float32, as the device's mixed kernels give them
+    input_half = bool(floating) and floating[0].dtype == torch.float16
     result = func(*tree_map(up, args), **tree_map(up, kwargs))
     if func._schema.is_mutable:
         for f, t in copies.values():
             t.copy_(f)
+    first = tree_flatten(result)[0][:1]
 
     def down(r):
         if isinstance(r, torch.Tensor):
             if id(r) in copies:
                 return copies[id(r)][1]
-            if all_half and r.dtype == torch.float32:
+            if r.dtype == torch.float32 and (all_half or (input_half and first and r is first[0])):
                 return r.half()
         return r
 

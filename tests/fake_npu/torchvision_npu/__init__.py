@@ -3,7 +3,8 @@
 The real package patches ``torchvision.io.decode_jpeg`` so that ``device="npu:N"`` decodes with the DVPP
 hardware. The fake does the same patch; an NPU request is decoded on the CPU, its images moved to the device
 (the fake torch_npu's device double; they stay on the CPU where the double is off), and recorded in ``calls`` as
-("decode_jpeg", device).
+("decode_jpeg", device) (and in ``$FAKE_NPU_CALL_LOG`` as ("decode_jpeg", device, images), package
+"torchvision_npu").
 """
 import torchvision.io
 import torchvision.io.image
@@ -26,6 +27,9 @@ def _to_device(images, device):
 def _decode_jpeg(input, mode=torchvision.io.ImageReadMode.UNCHANGED, device="cpu", **kwargs):
     if "npu" in str(device):
         calls.append(("decode_jpeg", str(device)))
+        from torch_npu._recorder import record
+        record([], "torchvision_npu", "decode_jpeg", str(device), len(input) if isinstance(input, (list, tuple))
+               else 1)
         return _to_device(_decode_jpeg_ori(input, mode=mode, **kwargs), device)
     return _decode_jpeg_ori(input, mode=mode, device=device, **kwargs)
 

@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 import torch_npu
-from torch_npu import _release
+from torch_npu import _faults, _release
 
 if _release.V2_1:
     from torch.cuda.amp.grad_scaler import GradScaler as _BaseGradScaler
@@ -70,10 +70,15 @@ def _non_finite_check_and_unscale_(grads, found_inf, inv_scale):
     if _CPU_UNSCALE_KERNEL:
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
         return
-    for grad in grads:
-        if not bool(torch.isfinite(grad).all()):
-            found_inf.fill_(1.0)
+    for grad in grads:  # on the device, as the kernel: no read of the flag on the host
+        found_inf.copy_(torch.maximum(found_inf, (~torch.isfinite(grad)).any().to(found_inf.dtype)))
         grad.mul_(inv_scale)
+
+
+def _held(scale):
+    """The scale for the call record, read from the double's host tensor behind it (``_data``) so that the read
+    is not counted as a copy from the device: the real ``update`` makes no such read."""
+    return float(getattr(scale, "_data", scale))
 
 
 class GradScaler(_BaseGradScaler):
@@ -159,6 +164,8 @@ class GradScaler(_BaseGradScaler):
                     else:
                         to_unscale = param.grad
                     per_device_and_dtype_grads[to_unscale.device][to_unscale.dtype].append(to_unscale)
+            _faults.poison([g for per_dtype in per_device_and_dtype_grads.values() for grads in per_dtype.values()
+                            for g in grads])  # FAKE_NPU_INF_GRAD_STEPS
             for per_dtype_grads in per_device_and_dtype_grads.values():
                 for grads in per_dtype_grads.values():
                     if self._dynamic:
@@ -239,7 +246,7 @@ class GradScaler(_BaseGradScaler):
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._has_overflow = False
         self._clear_overflow_flag = False
-        torch_npu._record("GradScaler.update", self.get_scale())
+        torch_npu._record("GradScaler.update", _held(self._scale))
 
     def state_dict(self):
         state = super(GradScaler, self).state_dict()
