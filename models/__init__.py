@@ -1,7 +1,9 @@
 """Model registry: torchvision's classification models plus this project's variants.
 
-``get_model(name, num_classes=1000, **kwargs)`` builds a model by name, randomly initialised
+``get_model(name, num_classes=1000, blurpool=False, **kwargs)`` builds a model by name, randomly initialised
 (weights files are the trainer's business: trainer/record/checkpoint.py); nothing is ever downloaded here.
+``blurpool``: FFCV's BlurPool in a torchvision ResNet's strided convolutions (models/blurpool.py;
+``blurpool_archs()`` names the networks it applies to).
 ``published_weights_url(name)`` says where torchvision publishes ImageNet weights for a name.
 ``list_models()`` gives every name, for ``--help`` and for suggestions. This project's own models are registered
 with ``register_model`` (models/registry.py, the one module a model module imports).
@@ -80,7 +82,14 @@ def same_weights(a, b):
     return base.get(a, a) == base.get(b, b)
 
 
-def get_model(name, num_classes=1000, **kwargs):
+def blurpool_archs():
+    """The names --blurpool applies to: torchvision's ResNet builders (resnet*, resnext*, wide_resnet*)."""
+    import torchvision.models.resnet as resnet
+    return sorted(n for n in _torchvision_names() if callable(getattr(resnet, n, None)) and n.islower()
+                  and n not in _REGISTRY)
+
+
+def get_model(name, num_classes=1000, blurpool=False, **kwargs):
     _ensure_local_models()
     if name in _REGISTRY:
         model = _REGISTRY[name](num_classes=num_classes, **kwargs)
@@ -88,6 +97,11 @@ def get_model(name, num_classes=1000, **kwargs):
         model = _torchvision_models().__dict__[name](num_classes=num_classes, **kwargs)
     else:
         raise UnknownModelError(unknown_message(name))
+    if blurpool:
+        from models.blurpool import BLURPOOL_ARCHS, applies_to, apply_blurpool
+        if not applies_to(model):
+            raise ValueError("--blurpool applies to {}, not to {}".format(BLURPOOL_ARCHS, name))
+        apply_blurpool(model)
     return model
 
 

@@ -5,6 +5,7 @@ plan        a driver's arguments, recipe, baseline check, output folder and main
 zooargs     ModelZoo's script arguments (--hf32, --precision_mode, --profiling, ...) with their ModelZoo meaning
 drivers     one main.py per device, supervised, then the ModelZoo report
 acceptance  ModelZoo's result lines and case log; checks against a baseline table or a reference run
+baselines   the baseline tables, a run's entry in one, and the published results recipes record
 
 It imports models and trainer, never tools; the trainer imports nothing from here.
 """

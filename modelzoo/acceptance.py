@@ -21,48 +21,37 @@ Baseline tables are JSON (shipped: ``published`` names ``baselines/published.jso
 today; ``published-2023`` names ``baselines/published_2023.json``, those of its 2023 READMEs) or CSV with the
 header ``arch,rank_size,acc1,fps`` (more columns are ignored, ``source`` is shown; ``precision`` picks among
 entries of one arch x rank size, by the run's --precision).
+``--baseline recipe`` judges a run trained with ``main.py --recipe NAME`` against the published result
+trainer/recipes.json records for that recipe (its ``expect``: FFCV's top-1 for ``resnet50_ffcv_16`` and the others,
+MLPerf's target for ``resnet50_mlperf_lars``; ``fast`` is judged against the FFCV recipe of the run's network and
+epochs), whatever the rank size, with the published table's tolerances; ``recipe:NAME`` names the recipe (and,
+with ``baseline``, checks before a run that it has a result). A run of other epochs or another network than the
+recipe's result is bad input (exit 2).
 Tolerances: accuracy passes when ``acc1 >= baseline - acc_tolerance`` (points, default 1.0); FPS
 passes when ``fps >= fps_ratio x baseline`` (default 0.9). The command line wins over the table's
 ``tolerances``, which win over these defaults.
 
 Exit codes: 0 success, 1 the run did not finish (summary status not ok), 2 bad input, 3 FAIL.
+The tables and the recipes' results are read by modelzoo/baselines.py.
 """
 import argparse
 import collections
-import csv
 import json
 import math
 import os
 import platform
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PUBLISHED = os.path.join(ROOT, "baselines", "published.json")
-# the tables --baseline names: today's published figures, and those of 2023
-TABLES = {"published": PUBLISHED, "published-2023": os.path.join(ROOT, "baselines", "published_2023.json")}
+from modelzoo.baselines import (DEFAULT_ACC_TOLERANCE, DEFAULT_FPS_RATIO, EXIT_FAIL, EXIT_OK, EXIT_RUN_FAILED,  # noqa: F401
+                                EXIT_USAGE, PUBLISHED, RECIPE, ROOT, TABLES, AcceptanceError, RunFailed,
+                                check_acc_tolerance, check_fps_ratio, find_baseline, is_recipe_spec, load_baselines,
+                                normalize_arch, recipe_baseline, resolve_baseline_path)
 
 # ModelZoo's ${CaseName}.log keys, in ModelZoo's order (CompileTime: the scripts that write it add it last)
 CASE_KEYS = ("Network", "RankSize", "BatchSize", "DeviceType", "CaseName", "ActualFPS", "TrainingTime",
              "TrainAccuracy", "ActualLoss", "E2ETrainingTime", "CompileTime")
 MODES = ("acc", "perf")
-DEFAULT_ACC_TOLERANCE = 1.0  # points of top-1 accuracy below the baseline
-DEFAULT_FPS_RATIO = 0.9  # fraction of the baseline FPS
 MISSING = "n/a"
-
-EXIT_OK, EXIT_RUN_FAILED, EXIT_USAGE, EXIT_FAIL = 0, 1, 2, 3
-
-
-class AcceptanceError(Exception):
-    """Bad input (a file, a table, an argument): one line, exit 2."""
-
-    exit_code = EXIT_USAGE
-
-
-class RunFailed(AcceptanceError):
-    """summary.json says the run did not finish."""
-
-    exit_code = EXIT_RUN_FAILED
-
 
 # ---------------------------------------------------------------- summary.json
 
@@ -179,112 +168,6 @@ def final_lines(values):
             "E2E Training Duration sec : {}".format(values["E2ETrainingTime"])]
 
 
-# ---------------------------------------------------------------- baselines
-
-
-def normalize_arch(arch):
-    """The NPU-affine variants share the published numbers of the model they re-implement."""
-    arch = str(arch).strip()
-    return arch[:-len("_npu")] if arch.endswith("_npu") else arch
-
-
-def _optional_float(value, where, field):
-    if value is None or (isinstance(value, str) and value.strip() in ("", "-", "null", "None")):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise AcceptanceError("{}: {} '{}' is not a number".format(where, field, value))
-    if not number > 0 or math.isinf(number):
-        raise AcceptanceError("{}: {} must be a positive number, got {}".format(where, field, value))
-    return number
-
-
-def _entry(raw, where):
-    if not isinstance(raw, dict) or "arch" not in raw or "rank_size" not in raw:
-        raise AcceptanceError("{}: each baseline needs 'arch' and 'rank_size'".format(where))
-    try:
-        rank_size = int(str(raw["rank_size"]).strip())
-    except ValueError:
-        raise AcceptanceError("{}: rank_size '{}' is not a whole number".format(where, raw["rank_size"]))
-    return {"arch": normalize_arch(raw["arch"]), "rank_size": rank_size,
-            "acc1": _optional_float(raw.get("acc1"), where, "acc1"),
-            "fps": _optional_float(raw.get("fps"), where, "fps"),
-            "source": (raw.get("source") or "").strip(), "precision": str(raw.get("precision") or "").lower()}
-
-
-def resolve_baseline_path(spec):
-    return TABLES.get(spec, spec)
-
-
-def load_baselines(spec):
-    """(entries, tolerances, path) from 'published' or a JSON / CSV file."""
-    path = resolve_baseline_path(spec)
-    if not os.path.isfile(path):
-        raise AcceptanceError("baseline file '{}' does not exist (give a JSON or CSV file, 'published' or "
-                              "'published-2023')".format(path))
-    tolerances = {}
-    try:
-        if path.lower().endswith(".csv"):
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-            if rows and not {"arch", "rank_size"} <= set(k.strip() for k in rows[0] if k):
-                raise AcceptanceError("{}: the CSV header must name arch,rank_size,acc1,fps".format(path))
-            raw = [{(k or "").strip(): v for k, v in row.items()} for row in rows]
-        else:
-            with open(path) as f:
-                data = json.load(f)
-            if isinstance(data, list):
-                raw = data
-            elif isinstance(data, dict) and isinstance(data.get("baselines"), list):
-                raw = data["baselines"]
-                tolerances = data.get("tolerances") or {}
-            else:
-                raise AcceptanceError("{}: expected a list of baselines or {{\"baselines\": [...]}}".format(path))
-    except (OSError, ValueError, csv.Error) as exc:
-        raise AcceptanceError("cannot read baseline file '{}': {}".format(path, str(exc).splitlines()[0]))
-    entries = [_entry(r, "{} entry {}".format(path, i + 1)) for i, r in enumerate(raw)]
-    tol = {}
-    if "acc1_points_below" in tolerances:
-        tol["acc_tolerance"] = check_acc_tolerance(tolerances["acc1_points_below"], path)
-    if "fps_fraction" in tolerances:
-        tol["fps_ratio"] = check_fps_ratio(tolerances["fps_fraction"], path)
-    return entries, tol, path
-
-
-def check_acc_tolerance(value, where="--acc-tolerance"):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise AcceptanceError("{}: accuracy tolerance '{}' is not a number".format(where, value))
-    if not 0 <= number < 100:
-        raise AcceptanceError("{}: accuracy tolerance must be 0-100 points, got {}".format(where, value))
-    return number
-
-
-def check_fps_ratio(value, where="--fps-ratio"):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise AcceptanceError("{}: FPS ratio '{}' is not a number".format(where, value))
-    if not 0 < number <= 10:
-        raise AcceptanceError("{}: FPS ratio must be above 0 (0.9 = 90% of the baseline), got {}".format(
-            where, value))
-    return number
-
-
-def find_baseline(entries, arch, rank_size, path="baseline table", precision=None):
-    """The entry for arch x rank size; where a table has several (ShuffleNetV2: O2 and FP32 entries), the one of
-    the run's ``precision``, else the first."""
-    arch = normalize_arch(arch)
-    found = [e for e in entries if e["arch"] == arch and e["rank_size"] == int(rank_size)]
-    if found:
-        same = [e for e in found if precision and e["precision"] == str(precision).lower()]
-        return (same or found)[0]
-    have = ", ".join("{} {}p".format(e["arch"], e["rank_size"]) for e in entries) or "nothing"
-    raise AcceptanceError("no baseline for {} at {}p in '{}' (it has: {})".format(arch, rank_size, path, have))
-
-
 def metrics_for(mode):
     """Accuracy runs are checked on accuracy and FPS, performance runs on FPS only."""
     return ("acc1", "fps") if mode == "acc" else ("fps",)
@@ -329,8 +212,11 @@ def check(summary, entry, mode, acc_tolerance=DEFAULT_ACC_TOLERANCE, fps_ratio=D
 def run_check(summary, spec, arch, rank_size, mode, acc_tolerance=None, fps_ratio=None, out=sys.stdout,
               precision=None):
     """Print the PASS/FAIL lines; return 0, or 3 when any metric fails."""
-    entries, tol, path = load_baselines(spec)
-    entry = find_baseline(entries, arch, rank_size, path, precision)
+    if is_recipe_spec(spec):
+        entry, tol, path = recipe_baseline(spec, summary, arch, rank_size)
+    else:
+        entries, tol, path = load_baselines(spec)
+        entry = find_baseline(entries, arch, rank_size, path, precision)
     require_checkable(entry, mode, path)
     acc_tol = check_acc_tolerance(acc_tolerance) if acc_tolerance is not None else tol.get(
         "acc_tolerance", DEFAULT_ACC_TOLERANCE)
@@ -400,8 +286,9 @@ def _parser():
     sub.required = True
 
     def baseline_args(q, required):
-        q.add_argument("--baseline", required=required, help="'published' (today's figures), 'published-2023' or a "
-                       "JSON / CSV table")
+        q.add_argument("--baseline", required=required, help="'published' (today's figures), 'published-2023', a "
+                       "JSON / CSV table, or 'recipe' (the published result of the run's --recipe; recipe:NAME names "
+                       "one)")
         q.add_argument("--precision", default=None, help="the run's O1 / O2 / fp32: picks among entries of the "
                        "same arch x rank size")
         q.add_argument("--arch", help="arch to look up (default: --network)" if not required else "arch to look up",
@@ -452,8 +339,13 @@ def main(argv=None, out=sys.stdout):
                          DEFAULT_ACC_TOLERANCE if args.acc_tolerance is None else float(args.acc_tolerance),
                          args.epochs, out)
     if args.command == "baseline":
-        entries, _, path = load_baselines(args.baseline)
-        entry = find_baseline(entries, args.arch, args.rank_size, path, args.precision)
+        if is_recipe_spec(args.baseline):
+            if args.baseline == RECIPE:
+                raise AcceptanceError("before a run, name the recipe: --baseline recipe:NAME")
+            entry, _, path = recipe_baseline(args.baseline, None, args.arch, args.rank_size)
+        else:
+            entries, _, path = load_baselines(args.baseline)
+            entry = find_baseline(entries, args.arch, args.rank_size, path, args.precision)
         require_checkable(entry, args.mode, path)
         return EXIT_OK
     summary = read_summary(args.summary)

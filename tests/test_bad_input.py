@@ -89,7 +89,7 @@ def test_unknown_arch_suggests(capsys):
     (["--loss-scale", "big"], "--loss-scale must be a positive number, or 'dynamic' (or -1)"),
     (["--loss-scale", "-4"], "--loss-scale must be a positive number, or 'dynamic' (or -1)"),
     (["--device", "tpu"], "invalid choice"),
-    (["--val-crop-size", "300"], "larger than --val-resize-size"),
+    (["--val-crop-size", "300", "--val-resize-size", "256"], "larger than --val-resize-size"),
     (["--recipe", "nope"], "unknown recipe"),
     (["--crop-scale-min", "0"], "--crop-scale-min"),
     (["--profile-stop"], "needs --profile-steps"),

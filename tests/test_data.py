@@ -43,6 +43,21 @@ def test_epoch_sampler_shards_disjoint_and_reproducible():
     assert list(s) != list(data.EpochSampler(50, seed=7))
 
 
+@pytest.mark.timeout(60)
+def test_epoch_sampler_hands_out_the_epochs_size_with_the_same_order_and_seeds():
+    sizes = data.ResolutionSchedule(32, 96, 0, 2)
+    plain, sized = data.EpochSampler(20, seed=7, rank=1, world_size=2), data.EpochSampler(20, 7, 1, 2, sizes)
+    for epoch, size in ((0, 32), (1, 64), (2, 96), (5, 96)):
+        plain.set_epoch(epoch)
+        sized.set_epoch(epoch)
+        assert sized.size == size and plain.size is None
+        assert list(sized) == [item + (size,) for item in plain]
+    assert [data.samplers.item_parts(i) for i in (4, (4, 9), (4, 9, 64))] == [(4, None, None), (4, 9, None),
+                                                                               (4, 9, 64)]
+    crop = data.train_transform(32)
+    assert crop.at(None) is crop and crop.at(32) is crop and crop.at(64).size == 64 and crop.at(64) is crop.at(64)
+
+
 def test_seeded_augmentation_is_independent_of_worker_count(shapes):
     classes = data.find_classes(os.path.join(shapes, "train"))
     samples = data.scan_train(os.path.join(shapes, "train"), classes)[:12]

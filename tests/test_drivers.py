@@ -1,4 +1,5 @@
-"""The ModelZoo-style drivers (test/*.sh), env_npu.sh, and the acceptance tool, on CPU."""
+"""The ModelZoo-style drivers (test/*.sh), env_npu.sh, and the acceptance tool, on CPU; the drivers' NPU runs on the
+torch_npu double (tests/fake_npu; a job of several NPU ranks compared with the CPU's: tests/test_npu_jobs.py)."""
 import csv
 import glob
 import importlib.util
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, assert_one_line_error, dataset, gone, read_lines
+from conftest import DOUBLE, PY, RANKS, ROOT, assert_one_line_error, dataset, gone, read_lines
 from modelzoo import acceptance
 from trainer.device import cpu_native_bf16
 
@@ -290,7 +291,7 @@ def test_ranks_end_with_their_killed_driver(imagenet_small, tmp_path):
                 pass
 
 
-# ---------------------------------------------------------------- the NPU launch, on the fake torch_npu
+# ---------------------------------------------------------------- on the NPU: the torch_npu double
 
 
 def call_log(path):
@@ -303,14 +304,17 @@ def fake_npu_env(calls):
                        "FAKE_NPU_CALL_LOG": str(calls)})
 
 
-def test_npu_1p_uses_device_id_and_apex_at_the_recipe_level(imagenet_small, tmp_path):
-    """auto finds the (fake) NPU and apex: the recipe's O2 becomes apex O2, --device_id becomes --gpu.
-
-    The fake stack records the calls but cannot train, so only the launch is checked."""
+@DOUBLE
+def test_npu_1p_uses_device_id_and_apex_at_the_recipe_level(npu_double, imagenet_small, tmp_path):
+    """auto finds the NPU and apex: the recipe's O2 becomes apex O2, --device_id becomes --gpu; the run trains on
+    that device to the end. (resnet50 at 32 px in float16: its first gradients overflow at the recipe's loss scale
+    1024, as they would on an NPU, and those steps are skipped.)"""
     calls = tmp_path / "calls.jsonl"
+    out = tmp_path / "o"
     proc = run_driver("train_performance_1p.sh", ["--data_path=" + imagenet_small, "--device_id=3", "--batch_size=8",
-                                                  "--steps=1", "--workers=0", "--output_dir=" + str(tmp_path / "o")]
+                                                  "--steps=1", "--workers=0", "--output_dir=" + str(out)]
                       + TINY_IMAGES, env=fake_npu_env(calls))
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     command = [ln for ln in proc.stdout.splitlines() if ln.startswith("command: ")]
     assert len(command) == 1, proc.stdout + proc.stderr
     for part in ("-a resnet50 -b 8 ", "--device auto ", "--recipe resnet50_1p ", "--max-steps-per-epoch 1 ",
@@ -318,15 +322,23 @@ def test_npu_1p_uses_device_id_and_apex_at_the_recipe_level(imagenet_small, tmp_
         assert part in command[0], (part, command[0])
     pid = pids_of(proc.stdout.splitlines())[0]
     assert [c["call"] for c in call_log(calls) if c["pid"] == pid][0] == ["set_device", "npu:3"]
+    s = read_json(out / "summary.json")
+    assert s["status"] == "ok" and s["device"] == "npu:3" and s["steps_per_epoch"] == 1
+    assert (s["amp"]["impl"], s["amp"]["opt_level"], s["amp"]["dtype"]) == ("apex", "O2", "float16")
+    assert os.path.isfile(str(out / "resnet50_bs8_1p_perf.log"))
 
 
+@DOUBLE
 @RANKS
-def test_npu_8p_device_list_maps_ranks_to_devices(imagenet_small, tmp_path):
+def test_npu_8p_device_list_maps_ranks_to_devices(npu_double, imagenet_small, tmp_path):
+    """--device_list=2,5: rank 0 on npu:2, rank 1 on npu:5, and the job trains with apex O1 to the end."""
     calls = tmp_path / "calls.jsonl"
+    out = tmp_path / "o"
     proc = run_driver("train_full_8p.sh", ["--data_path=" + imagenet_small, "--arch=tiny_cnn", "--device=npu",
                                            "--device_list=2,5", "--batch_size=8", "--epochs=1", "--workers=0",
-                                           "--precision=O1", "--output_dir=" + str(tmp_path / "o")] + TINY_IMAGES,
+                                           "--precision=O1", "--output_dir=" + str(out)] + TINY_IMAGES,
                       env=fake_npu_env(calls))
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "2 processes on npu devices 2,5" in proc.stdout, proc.stdout + proc.stderr
     assert "--amp --amp-impl apex --opt-level O1 " in proc.stdout
     pids = pids_of(proc.stdout.splitlines())
@@ -334,6 +346,11 @@ def test_npu_8p_device_list_maps_ranks_to_devices(imagenet_small, tmp_path):
     for c in call_log(calls):
         first.setdefault(c["pid"], c["call"])
     assert [first[p] for p in pids] == [["set_device", "npu:2"], ["set_device", "npu:5"]]
+    s = read_json(out / "summary.json")
+    assert s["status"] == "ok" and s["device"] == "npu:2" and s["world_size"] == 2
+    assert (s["amp"]["impl"], s["amp"]["opt_level"]) == ("apex", "O1")
+    assert "[rank 1] => tiny_cnn on npu:5 |" in (out / "train_1.log").read_text()
+    assert "Final Train Accuracy : {:.3f}\n".format(s["final_acc1"]) in proc.stdout
 
 
 # ---------------------------------------------------------------- arguments
@@ -611,7 +628,7 @@ def test_acceptance_against_todays_table_and_a_precision_pick():
 
 def test_recipes_cite_their_published_scripts():
     with open(os.path.join(ROOT, "trainer", "recipes.json")) as f:
-        recipes = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+        recipes = {k: v for k, v in json.load(f).items() if k.endswith(("_1p", "_8p"))}  # ModelZoo's (the drivers')
     assert set(recipes) == {"resnet50_1p", "resnet50_8p", "shufflenet_v2_x1_0_1p", "shufflenet_v2_x1_0_8p"}
     for name, r in recipes.items():
         assert r["source"].startswith("published: PyTorch/built-in/cv/classification/"), name

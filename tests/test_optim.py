@@ -283,3 +283,40 @@ def test_lars_on_the_npu_paths_native_and_apex():
         assert obs[impl]["unchanged"] == [True, False, False], (impl, obs)
         assert obs[impl]["overflows"] == 1, (impl, obs)
     assert obs["apex_initialized"] == 1
+
+
+# ---------------------------------------------------------------- --lr-schedule poly (MLPerf ResNet-50 with LARS)
+
+
+def poly(lr, t, warm, total, end=1e-4):
+    """MLPerf's LARS schedule at global step ``t``: linear warm-up, then (lr - end) x (1 - progress)^2 + end."""
+    if t < warm:
+        return lr * (t + 1) / warm
+    end = min(end, lr)
+    return end + (lr - end) * (1 - (t - warm) / float(total - warm)) ** 2
+
+
+def test_poly_schedule_is_mlperfs_polynomial_per_step_and_per_epoch():
+    from trainer.optim.schedule import Schedule
+    s = Schedule(10.5, "poly", 5, 1, 4)
+    assert [s(e, i) for e in range(5) for i in range(4)] == pytest.approx(
+        [poly(10.5, t, 4, 20) for t in range(20)], rel=1e-12)
+    assert s(1, 0) == 10.5 and s(4, 3) == pytest.approx(1e-4 + (10.5 - 1e-4) / 256)  # peak after warm-up; near end
+    assert all(a > b for a, b in zip([s(e, i) for e in range(1, 5) for i in range(4)],
+                                     [s(e, i) for e in range(1, 5) for i in range(4)][1:]))  # falls every step
+    assert Schedule(5e-5, "poly", 3, 0, 2)(2, 1) == 5e-5  # an LR below the end LR stays put
+    per_epoch = Schedule(10.5, "poly", 5, 1, 4, unit="epoch")
+    assert [per_epoch(e, 2) for e in range(5)] == pytest.approx(
+        [10.5 / 1] + [1e-4 + (10.5 - 1e-4) * (1 - (e - 1) / 4.0) ** 2 for e in range(1, 5)])
+
+
+def test_a_lars_run_with_the_poly_schedule_follows_it_every_step(shapes, tmp_path):
+    out = str(tmp_path)
+    proc = run_main([shapes, "--output-dir", out, "--device", "cpu", "-a", "tiny_cnn", "-b", "16", "--lr", "2.0",
+                     "--optimizer", "lars", "--lr-schedule", "poly", "--warmup-epochs", "1", "--epochs", "3",
+                     "--max-steps-per-epoch", "2", "--no-validate"] + SMALL + ["-p", "1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        lrs = [lr for r in map(json.loads, f) for _, lr in r["step_lrs"]]
+    assert lrs == pytest.approx([poly(2.0, t, 2, 6) for t in range(6)], rel=1e-12)
+    assert torch_load(os.path.join(out, "checkpoint.pth.tar"))["lr_schedule"]["kind"] == "poly"

@@ -348,6 +348,11 @@ def test_two_ranks_resumed_after_epoch_one_equal_the_uninterrupted_job(shapes, t
     (["--model-ema", "--model-ema-decay", "1"], ("--model-ema-decay must be below 1",)),
     (["--model-ema", "--model-ema-steps", "0"], ("--model-ema-steps", "at least 1")),
     (["--model-ema", "-e"], ("--evaluate --model-ema", "--resume CHECKPOINT")),
+    # FFCV's other techniques (tests/test_resolution.py): the schedule against --train-crop-size, BlurPool's archs
+    (["--min-res", "32", "--max-res", "64", "--start-ramp", "0", "--end-ramp", "1"],
+     ("--train-crop-size 32 and --min-res contradict",)),
+    (["--blurpool"], ("--blurpool applies to torchvision's ResNets", "not to -a tiny_cnn")),
+    (["--val-tta", "hflip"], ("--val-tta", "invalid choice")),
 ])
 def test_a_bad_value_is_one_line(shapes, tmp_path, capsys, argv, fragments):
     assert_call_error(entry.main, [shapes, "--output-dir", str(tmp_path)] + TINY + argv, capsys, *fragments)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate a small, learnable image-classification data set.
+"""Generate a small, learnable image-classification data set, or write out a small real one.
 
 Ten classes of procedurally drawn shapes (disc, square, triangle, cross, ring,
 horizontal stripes, vertical stripes, diagonal bar, checkerboard, dot grid) in random
@@ -7,6 +7,7 @@ colours, positions and sizes over a noisy background, saved as JPEG files.
 
     python3 -m tools.make_dataset OUT [--classes 10] [--train-per-class 100] [--val-per-class 20]
                                       [--size 64] [--layout imagenet|tiny-imagenet] [--seed 0] [--photos]
+                                      [--digits [--val-fraction 0.2]]
 
 --photos makes photo-like JPEGs of ImageNet's sizes instead, for data-pipeline benchmarks: each file is a
 random crop (30-100 % of the side) of a photograph that ships with an installed package (matplotlib's
@@ -14,6 +15,13 @@ sample photo, and any other JPEG photo found there), flipped at random, colour-s
 light noise, resized to a random ImageNet-like size and saved at quality 90. Sizes: 90 % have a longest
 side of 375-500 px (aspect 4:3, 3:2 or 1:1, landscape or portrait; ImageNet's typical 500x375 / 500x333),
 10 % 800-1200 px (ImageNet's tail of large photos). --size is ignored. No download is needed.
+
+--digits writes real images instead: scikit-learn's bundled handwritten digits (``sklearn.datasets.load_digits``,
+UCI's optical digits: 1,797 scans of 8x8 pixels with 17 grey levels, 10 classes; shipped inside the package, so no
+download is needed; ``pip install scikit-learn``). Each scan is scaled to 0-255, enlarged to --size px (bicubic)
+and saved as a greyscale PNG named after its index in the data set. The split is stratified and fixed by --seed:
+in each class, round(--val-fraction x the class's count) images, drawn at random, go to val/, the rest to
+train/ (0.2 and seed 0: 1,438 train and 359 val). --classes, --train-per-class and --val-per-class are ignored.
 
 imagenet layout:      OUT/train/<class>/*.JPEG, OUT/val/<class>/*.JPEG
 tiny-imagenet layout: OUT/train/<wnid>/images/*.JPEG, OUT/val/images/*.JPEG + OUT/val/val_annotations.txt
@@ -123,6 +131,67 @@ def photo(sources, rng, k):
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
 
 
+def load_digits():
+    """(images, labels): scikit-learn's bundled digits, float arrays (N, 8, 8) with values 0-16 and int labels."""
+    try:
+        from sklearn.datasets import load_digits as sklearn_digits
+    except ImportError:
+        raise ValueError("--digits needs scikit-learn, whose package ships the digits: pip install scikit-learn")
+    d = sklearn_digits()
+    return d.images, d.target
+
+
+def stratified_split(labels, val_fraction, seed):
+    """(train, val): sorted index arrays; in each class, round(val_fraction x its count) indices drawn at random
+    (numpy's generator seeded with ``seed``, classes in increasing order) go to val."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    train, val = [], []
+    for k in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == k))
+        n_val = int(round(val_fraction * len(members)))
+        val.append(members[:n_val])
+        train.append(members[n_val:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
+
+
+def write_digits(out, images, labels, size=64, val_fraction=0.2, seed=0, layout="imagenet"):
+    """Write ``images`` (N, h, w; values 0-16, as the digits hold them) of ``labels`` as an image folder of
+    greyscale PNGs enlarged to ``size`` px, split by ``stratified_split``. Returns {"train": n, "val": n}."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError("--val-fraction must be between 0 and 1 (exclusive)")
+    images, labels = np.asarray(images, dtype=np.float64), np.asarray(labels)
+    top = max(16.0, float(images.max()))
+    train, val = stratified_split(labels, val_fraction, seed)
+    annotations = []
+    for split, indices in (("train", train), ("val", val)):
+        for i in indices:
+            name = wnid(int(labels[i]))
+            if split == "train":
+                folder = os.path.join(out, "train", name, "images") if layout == "tiny-imagenet" else \
+                    os.path.join(out, "train", name)
+            else:
+                folder = os.path.join(out, "val", "images") if layout == "tiny-imagenet" else \
+                    os.path.join(out, "val", name)
+            os.makedirs(folder, exist_ok=True)
+            fname = "{}_{:04d}.png".format(name, int(i))
+            pixels = np.clip(np.rint(images[i] * (255.0 / top)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).resize((size, size), Image.BICUBIC).save(os.path.join(folder, fname))
+            if split == "val":
+                annotations.append((fname, name))
+    if layout == "tiny-imagenet":
+        with open(os.path.join(out, "val", "val_annotations.txt"), "w") as f:
+            for fname, name in annotations:
+                f.write("{}\t{}\t0\t0\t{}\t{}\n".format(fname, name, size, size))
+    return {"train": len(train), "val": len(val)}
+
+
+def digits(out, size=64, val_fraction=0.2, seed=0, layout="imagenet"):
+    """scikit-learn's digits written by ``write_digits``."""
+    images, labels = load_digits()
+    return write_digits(out, images, labels, size, val_fraction, seed, layout)
+
+
 def generate(out, classes=10, train_per_class=100, val_per_class=20, size=64, layout="imagenet", seed=0,
              photos=False):
     if classes < 1 or (classes > len(SHAPES) and not photos):
@@ -168,6 +237,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--photos", action="store_true",
                    help="photo-like JPEGs of ImageNet's sizes (for data-pipeline benchmarks); --size is ignored")
+    p.add_argument("--digits", action="store_true",
+                   help="scikit-learn's real 8x8 digit scans, enlarged to --size px, as PNGs, split stratified by "
+                        "--seed; --classes and the per-class counts are ignored")
+    p.add_argument("--val-fraction", type=float, default=0.2, help="--digits: the share of each class in val/")
     a = p.parse_args(argv)
     if os.path.exists(a.out) and os.listdir(a.out):
         sys.stderr.write("error: '{}' exists and is not empty; choose a new folder\n".format(a.out))
@@ -176,8 +249,17 @@ def main(argv=None):
         if getattr(a, name) < 1:
             sys.stderr.write("error: --{} must be at least 1\n".format(name.replace("_", "-")))
             return 2
+    if a.digits and a.photos:
+        sys.stderr.write("error: --digits and --photos are two different sources; give one\n")
+        return 2
+    if not 0.0 < a.val_fraction < 1.0:
+        sys.stderr.write("error: --val-fraction must be between 0 and 1 (exclusive)\n")
+        return 2
     try:
-        generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.size, a.layout, a.seed, a.photos)
+        if a.digits:
+            digits(a.out, a.size, a.val_fraction, a.seed, a.layout)
+        else:
+            generate(a.out, a.classes, a.train_per_class, a.val_per_class, a.size, a.layout, a.seed, a.photos)
     except ValueError as exc:
         sys.stderr.write("error: {}\n".format(exc))
         return 2

@@ -31,11 +31,17 @@ class DataConfig(_Section):
     root: Optional[str] = None  # DIR (None with --dummy)
     dummy: bool = False
     workers: Optional[int] = None  # per node; None: from the device kind and the cores (trainer.Trainer)
-    train_crop_size: int = 224
+    train_crop_size: int = 224  # the fixed training size; with a resolution schedule its largest, max_res
     crop_scale_min: float = 0.08
     val_resize_size: int = 256
     val_crop_size: int = 224
     data_backend: str = "auto"  # auto | cpu | gpu
+    # the training resolution schedule (trainer/data/resolution.py); min_res None: --train-crop-size throughout
+    min_res: Optional[int] = None
+    max_res: Optional[int] = None
+    start_ramp: Optional[int] = None
+    end_ramp: Optional[int] = None
+    val_tta: str = "none"  # none | flip: validation averages the logits of each image and its mirror
     # the device backend's ways of working (data.LoaderSpec); None: the device's choice. No flags: set by tools
     decode_ahead: Optional[bool] = None
     batched_crops: Optional[bool] = None
@@ -55,6 +61,7 @@ class ModelConfig(_Section):
     sync_bn: bool = False
     compile: bool = False  # --compile: the training step in graph mode (trainer/graph.py)
     compile_mode: str = "default"
+    blurpool: bool = False  # FFCV's BlurPool before a ResNet's strided convolutions (models/blurpool.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +170,7 @@ FLAT_ORDER = """
     sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
     compile compile_mode lr_step_unit warmup_offset skip_steps checkpoint_prefix checkpoint_freq move_earlier_run
     modelzoo float32_math cpu_binding jit_compile internal_format pin_memory preset lr_peak_epoch norm_weight_decay
-    model_ema model_ema_steps model_ema_decay
+    model_ema model_ema_steps model_ema_decay min_res max_res start_ramp end_ramp val_tta blurpool
 """.split()
 
 
@@ -222,8 +229,7 @@ def parse_config(argv=None, env=None, prog=None):
     ns = argparse.Namespace(**dict(values, **typed))
     if ns.recipe is not None:  # the recipe's values, scaled to the processes
         from trainer.job import launch as placement
-        scaled = {k: typed[k] for k in recipes.SCALED if k in typed}
-        more, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), scaled)
+        more, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), typed, ns)
         values.update(flags.convert_defaults(parser, more, typed))
         layered.update(more)
         ns = argparse.Namespace(**dict(values, **typed))
@@ -315,6 +321,67 @@ def _check_short_schedule(ns, explicit, lr_schedule, warmup_epochs):
             ns.model_ema_decay))
 
 
+RESOLUTION = ("min_res", "max_res", "start_ramp", "end_ramp")  # the schedule's dests (FFCV's names)
+FFCV_CROP_RATIO = 224.0 / 256.0  # FFCV's validation crop: the centre crop is this fraction of the resized side
+
+
+def _flag(dest):
+    return "--" + dest.replace("_", "-")
+
+
+def _resolution(ns, explicit):
+    """The training sizes: (train_crop_size, (min_res, max_res, start_ramp, end_ramp) or Nones, notes).
+    --train-crop-size alone is the fixed size. The schedule's four flags go together; given on the command line
+    beside --train-crop-size they contradict it; a recipe's schedule yields to a --train-crop-size given."""
+    asked = [d for d in RESOLUTION if getattr(ns, d) is not None]
+    none = (None, None, None, None)
+    if not asked:
+        return ns.train_crop_size, none, ()
+    if "train_crop_size" in explicit:
+        typed = [d for d in RESOLUTION if d in explicit]
+        if typed:
+            raise UsageError("--train-crop-size {} and {} contradict each other: the resolution schedule sets the "
+                             "training size; give one".format(ns.train_crop_size, _flag(typed[0])))
+        return ns.train_crop_size, none, ("--train-crop-size {} given: training stays at that size; the recipe's "
+                                          "resolution schedule ({}) is not used".format(
+                                              ns.train_crop_size, ", ".join(_flag(d) for d in asked)),)
+    for a, b in (("min_res", "max_res"), ("max_res", "min_res")):
+        if getattr(ns, a) is None:
+            raise UsageError("{} needs {}: the resolution schedule takes --min-res and --max-res (and --start-ramp "
+                             "and --end-ramp when they differ)".format(_flag(b), _flag(a)))
+    lo, hi = ns.min_res, ns.max_res
+    for dest, value in (("min_res", lo), ("max_res", hi)):
+        if value % 32:
+            raise UsageError("{} {} is not a multiple of 32 (the schedule's sizes are: FFCV's rounding, and a ResNet's "
+                             "stride); give {} or {}".format(_flag(dest), value, max(32, value // 32 * 32),
+                                                             value // 32 * 32 + 32))
+    if lo > hi:
+        raise UsageError("--min-res {} is above --max-res {}: the size rises from --min-res to --max-res".format(
+            lo, hi))
+    start, end = ns.start_ramp, ns.end_ramp
+    if lo < hi and (start is None or end is None):
+        raise UsageError("--min-res {} and --max-res {} need --start-ramp and --end-ramp: the epochs the size rises "
+                         "between".format(lo, hi))
+    start, end = start if start is not None else 0, end if end is not None else 0
+    if start > end:
+        raise UsageError("--start-ramp {} is after --end-ramp {}: give --start-ramp <= --end-ramp".format(start, end))
+    if end > ns.epochs:
+        raise UsageError("--end-ramp {} is beyond --epochs {}: give --end-ramp <= {}".format(end, ns.epochs, ns.epochs))
+    return hi, (lo, hi, start, end), ()
+
+
+def _val_sizes(ns):
+    """(resize, crop) of validation: --val-resize-size by default --val-crop-size x 256/224, rounded (FFCV's crop
+    ratio; torchvision's 256 for 224)."""
+    resize = ns.val_resize_size
+    if resize is None:
+        resize = int(round(ns.val_crop_size / FFCV_CROP_RATIO))
+    if ns.val_crop_size > resize:
+        raise UsageError("--val-crop-size {} is larger than --val-resize-size {}: crop must fit in the resized image"
+                         .format(ns.val_crop_size, resize))
+    return resize, ns.val_crop_size
+
+
 def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
     """(Config, notes) from parsed flags (``explicit``: the dests the command line gave; ``entry``: the ModelZoo
     entry the run stands in for; ``preset``: the PRESETTABLE dests that hold a recipe's or the entry's value)."""
@@ -335,9 +402,9 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
         raise UsageError("no data set given: pass DIR (an ImageNet-style folder) or --dummy for synthetic data")
     if ns.opt_level is not None and ns.opt_level not in OPT_LEVELS:
         raise UsageError("--opt-level must be O1 or O2, got '{}'".format(ns.opt_level))
-    if ns.val_crop_size > ns.val_resize_size:
-        raise UsageError("--val-crop-size {} is larger than --val-resize-size {}: crop must fit in the resized image"
-                         .format(ns.val_crop_size, ns.val_resize_size))
+    val_resize_size, val_crop_size = _val_sizes(ns)
+    train_crop_size, (min_res, max_res, start_ramp, end_ramp), more = _resolution(ns, explicit)
+    notes = notes + more
     if not 0 < ns.crop_scale_min <= 1:
         raise UsageError("--crop-scale-min must be in (0, 1], got {}".format(ns.crop_scale_min))
     if ns.label_smoothing >= 1.0:
@@ -356,6 +423,9 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
         base = [k for k, v in models.VARIANTS.items() if v == ns.arch][0]
         raise UsageError("--model-impl torchvision with -a {}: that is this project's variant; use -a {} for "
                          "torchvision's network".format(ns.arch, base))
+    if ns.blurpool and model not in models.blurpool_archs():
+        raise UsageError("--blurpool applies to torchvision's ResNets ({}), not to -a {}: drop --blurpool".format(
+            ", ".join(models.blurpool_archs()), ns.arch))
     if model != ns.arch:
         notes = notes + ("-a {} builds {}: the same network and weights with the channel shuffle as one copy "
                          "(faster on NPU and CUDA); --model-impl torchvision for torchvision's own".format(
@@ -379,14 +449,15 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
     float32_math, amp, more = _float32_env(env, ns.amp)
     notes = notes + more
     return Config(
-        data=DataConfig(root=data, dummy=ns.dummy, workers=ns.workers, train_crop_size=ns.train_crop_size,
-                        crop_scale_min=ns.crop_scale_min, val_resize_size=ns.val_resize_size,
-                        val_crop_size=ns.val_crop_size, data_backend=ns.data_backend),
+        data=DataConfig(root=data, dummy=ns.dummy, workers=ns.workers, train_crop_size=train_crop_size,
+                        crop_scale_min=ns.crop_scale_min, val_resize_size=val_resize_size,
+                        val_crop_size=val_crop_size, data_backend=ns.data_backend, min_res=min_res, max_res=max_res,
+                        start_ramp=start_ramp, end_ramp=end_ramp, val_tta=ns.val_tta),
         model=ModelConfig(arch=ns.arch, name=model, model_impl=ns.model_impl,
                           pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
                           pretrained_published=ns.pretrained == PUBLISHED, num_classes=ns.num_classes,
                           zero_init_residual=ns.zero_init_residual, channels_last=ns.channels_last, sync_bn=ns.sync_bn,
-                          compile=ns.compile, compile_mode=ns.compile_mode),
+                          compile=ns.compile, compile_mode=ns.compile_mode, blurpool=ns.blurpool),
         optim=OptimConfig(optimizer=ns.optimizer, lr=ns.lr, momentum=ns.momentum, weight_decay=ns.weight_decay,
                           lr_schedule=lr_schedule, warmup_epochs=warmup_epochs,
                           label_smoothing=ns.label_smoothing, lr_step_unit=lr_step_unit, warmup_offset=warmup_offset,

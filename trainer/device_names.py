@@ -13,6 +13,13 @@ HOST_DECODE, DEVICE_DECODE = "cpu", "gpu"
 DATA_BACKENDS = ("auto", HOST_DECODE, DEVICE_DECODE)
 
 
+# what a recipe's precision and memory-format choices mean per kind (trainer/recipes.py, --recipe fast):
+# --amp where the device computes in half precision at speed; --channels-last where it is a choice (a CPU trains
+# NHWC by default here, an NPU keeps its own internal format)
+AMP_KINDS = ("npu", "cuda")
+CHANNELS_LAST_KINDS = ("cuda",)
+
+
 def canonical_kind(name):
     """``gpu`` -> ``cuda``; other names unchanged."""
     return KIND_ALIASES.get(name, name)

@@ -66,8 +66,10 @@ class Loops:
                 for line in self.zoo.first_step(clock.first_seconds[i]):
                     self.log(line)
             if i % cfg.run.print_freq == 0 or i == steps - 1 or self.stop_requested:
-                # syncs the device
-                interval, running, live = sums.read(self.dist.all_reduce_sum, self.step.live_scalars())
+                # syncs the device: one read for the meters, the loss scaler's values and the guard's counters
+                interval, running, live = sums.read(self.dist.all_reduce_sum, dict(
+                    self.step.live_scalars(), guard=guard.reduced(self.dist)))
+                counters = live.pop("guard")
                 span = clock.span(i)
                 meters.update(span, interval, running)
                 step_losses.append((epoch * steps + i + 1, interval["loss"]))
@@ -79,7 +81,7 @@ class Loops:
                     epoch_loss=running["loss"], epoch_acc1=running["acc1"],
                     lr=optimizer.param_groups[0]["lr"], data_wait=span.waited / span.seconds,
                     **{"img/s": span.steps * batch * self.dist.world_size / span.seconds}))
-                self._check(guard, epoch)
+                self._check(guard, epoch, counters)
             if self.stop_requested:
                 steps = i + 1
                 break
@@ -87,8 +89,8 @@ class Loops:
         timed, seconds = clock.finish()
         timed_steps = steps - clock.warm
         elapsed = self.dist.max(timed, dev)
-        _, running = sums.read(self.dist.all_reduce_sum)
-        self._check(guard, epoch)
+        _, running, counters = sums.read(self.dist.all_reduce_sum, {"guard": guard.reduced(self.dist)})
+        self._check(guard, epoch, counters["guard"])
         global_batch = (batch or 0) * self.dist.world_size
         if self.first_steps is None:
             self.first_steps = tuple(clock.first_seconds)
@@ -109,13 +111,14 @@ class Loops:
         self.step.zero_grad()
         return output, loss, self.step(loss)
 
-    def _check(self, guard, epoch):
-        guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale)
+    def _check(self, guard, epoch, counters):
+        guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale, counters)
 
     @torch.no_grad()
     def validate(self, loader, model, ema=False):
         """Every image of the validation set counted exactly once (padding masked out); a metrics.EvalStats.
-        ``ema``: ``model`` is --model-ema's average (its own lines: "Test EMA: ", " *   EMA Acc@1 ...")."""
+        --val-tta flip: each image's logits are the mean of its own and its mirror's. ``ema``: ``model`` is
+        --model-ema's average (its own lines: "Test EMA: ", " *   EMA Acc@1 ...")."""
         cfg, dev = self.plan, self.device
         model.eval()
         steps = len(loader)
@@ -127,6 +130,8 @@ class Loops:
             x, y, m = self.normalize(images), self._targets(target), dev.move(valid)
             with self.autocast():
                 output = model(x)
+                if cfg.data.val_tta == "flip":  # FFCV's lr_tta (which sums; the mean ranks alike): image and mirror
+                    output = (output.float() + model(x.flip(3)).float()) / 2
             per_sample = self.eval_criterion(output.float(), y)
             c1, c5 = metrics.correct_counts(output, y, m)
             sums.add((per_sample * m).sum(), c1, c5, m.sum())

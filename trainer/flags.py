@@ -161,7 +161,8 @@ def build_parser():
     t.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="step",
                    help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step; "
                         "triangular: linear from lr x 1e-4 up to lr at --lr-peak-epoch, then linear to zero at the "
-                        "end, every step (FFCV's ResNet recipes)")
+                        "end, every step (FFCV's ResNet recipes); poly: after warm-up, (1 - progress)^2 down to "
+                        "1e-4 at the last step (MLPerf's ResNet-50 with LARS)")
     t.add_argument("--lr-peak-epoch", type=number(float, 0.0), default=2.0, metavar="E",
                    help="--lr-schedule triangular: the epoch (fractions allowed) where the LR peaks; below --epochs")
     t.add_argument("--warmup-epochs", type=number(float, 0.0), default=0.0,
@@ -183,15 +184,40 @@ def build_parser():
                    help="step: warm-up and cosine move every step (torchvision's references); epoch: once per "
                         "epoch, as Ascend ModelZoo's ResNet50 and ShuffleNetV2 entries do (set by --warmup and "
                         "--warm_up_epochs)")
-    t.add_argument("--train-crop-size", type=number(int, 1), default=224)
+    t.add_argument("--train-crop-size", type=number(int, 1), default=224,
+                   help="the training image size (RandomResizedCrop's output); with --min-res/--max-res on the "
+                        "command line an error (the schedule sets the size)")
     t.add_argument("--crop-scale-min", type=number(float, 0.0), default=0.08,
                    help="smallest area fraction RandomResizedCrop takes (torchvision: 0.08)")
-    t.add_argument("--val-resize-size", type=number(int, 1), default=256)
-    t.add_argument("--val-crop-size", type=number(int, 1), default=224)
+    t.add_argument("--val-resize-size", type=number(int, 1), default=None,
+                   help="validation: the shorter side is resized to this, then --val-crop-size is cut from the "
+                        "centre; default --val-crop-size x 256/224, rounded (256 for 224; FFCV's crop ratio)")
+    t.add_argument("--val-crop-size", type=number(int, 1), default=224,
+                   help="the validation image size; may exceed the training size (the networks pool adaptively)")
     t.add_argument("--num-classes", type=number(int, 1), default=None,
                    help="classifier outputs (default: the number of class folders; 1000 with --dummy)")
     t.add_argument("--zero-init-residual", action="store_true",
                    help="ResNet: zero the last BN gamma of each residual block")
+
+    r = p.add_argument_group(
+        "training resolution, test-time augmentation, BlurPool",
+        "FFCV's ResNet recipes: low-resolution training rising to a higher size, validation above it with flips")
+    r.add_argument("--min-res", type=number(int, 1), default=None, metavar="PX",
+                   help="training resolution schedule (FFCV's resolution.min_res): the size up to --start-ramp; a "
+                        "multiple of 32; with --max-res, --start-ramp, --end-ramp, in place of --train-crop-size")
+    r.add_argument("--max-res", type=number(int, 1), default=None, metavar="PX",
+                   help="the size from --end-ramp on (FFCV's max_res), a multiple of 32, at least --min-res")
+    r.add_argument("--start-ramp", type=number(int, 0), default=None, metavar="E",
+                   help="the last epoch (counted from 0) at --min-res; the size then rises linearly, rounded to a "
+                        "multiple of 32, once per epoch")
+    r.add_argument("--end-ramp", type=number(int, 0), default=None, metavar="E",
+                   help="the first epoch at --max-res; --start-ramp <= E <= --epochs")
+    r.add_argument("--val-tta", choices=("none", "flip"), default="none",
+                   help="flip: validation averages the logits of each image and its horizontal mirror (FFCV's "
+                        "lr_tta), for the weights and for --model-ema's average")
+    r.add_argument("--blurpool", action="store_true",
+                   help="ResNets: a fixed 3x3 binomial blur before every strided convolution of 16 or more input "
+                        "channels (FFCV's BlurPoolConv2d); state dicts keep the plain network's keys")
 
     o = p.add_argument_group("run control and outputs")
     o.add_argument("--output-dir", default=".", metavar="DIR",

@@ -83,6 +83,12 @@ def plan(cfg, env=None, notes=()):
             raise UsageError(missing)
         if run.evaluate:
             notes.append("--compile applies to training: the evaluation runs eagerly")
+        sizes = data.schedule_of(cfg.data) if not run.evaluate else None
+        sizes = sorted({size for _, size in sizes.changes(run.start_epoch, run.epochs)}) if sizes else []
+        if len(sizes) > 1:
+            notes.append("--compile with a resolution schedule: each training size ({} px) compiles at the first "
+                         "step of its first epoch, and only the first of them is left out of FPS".format(
+                             ", ".join(map(str, sizes))))
     if cfg.model.sync_bn and not device_class.supports_sync_bn:
         raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
 
@@ -114,6 +120,15 @@ def plan(cfg, env=None, notes=()):
         if done >= run.epochs:
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
                              "--epochs to continue)".format(resume.path, done, run.epochs))
+
+    # --blurpool: a checkpoint of this project continues, or is evaluated, as the network it was trained as (the
+    # state dicts of the two are alike, so only its config tells them apart)
+    saved = resume.load().get("config") if resume is not None and isinstance(resume.load(), dict) else None
+    if isinstance(saved, dict) and bool(saved.get("blurpool")) != cfg.model.blurpool:
+        was = bool(saved.get("blurpool"))
+        raise UsageError("'{}' was trained {} --blurpool: {} as it was trained ({} --blurpool)".format(
+            resume.path, "with" if was else "without", "evaluate it" if run.evaluate else "resume it",
+            "add" if was else "drop"))
 
     # --model-ema: without validation the average is kept and saved only; --evaluate evaluates a checkpoint's
     if cfg.optim.model_ema and not run.validate:

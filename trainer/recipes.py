@@ -9,18 +9,39 @@ The rule (``scale``), for a recipe written for ``rank_size`` devices run on N:
   workers  per node, in proportion: recipe workers x N / rank_size (the same number per process)
   warm-up  the recipe's epochs, unless a run is shorter than them: then the same fraction of the run
 Values given explicitly always win; the rule fills in only what was not given.
+
+Recipes with ``"rule": "ffcv"`` (FFCV's ResNet configurations, ``resnet50_ffcv_16`` ... ``resnet18_ffcv_88``, and
+``fast``) are then placed for the run (``ffcv_rule``), as FFCV's own configurations are for their epoch budgets:
+  lr peak      epoch 2, or an eighth of the run when that is sooner (every FFCV configuration: 2)
+  ramp         --start-ramp round(3E/4) - 1, --end-ramp round(7E/8) - 1 for E epochs (FFCV's configurations for
+               16, 24, 32, 40, 56 and 88 epochs all follow it: 16 -> 11, 13; 88 -> 65, 76)
+  small images a --train-crop-size C given is the training size throughout (the resolution schedule is not set),
+               and the test size scales with it: --val-crop-size round(256 C / 224) (FFCV's 256 for 224-class
+               training) from 128 px on, the training size below (a stride-32 network's last map would grow
+               from 1 x 1 to 2 x 2 at 32 px: measured, a loss of 29 points on the digits); the resize follows
+               (--val-resize-size's default)
+  device       --amp where the device computes in half precision (NPU, CUDA); --channels-last on CUDA (elsewhere
+               the device's memory format: a CPU's is already NHWC, an NPU's NCHW)
+``fast`` takes every value from the recipe its -a maps to (``base``: the bottleneck ResNets resnet50_ffcv_16's,
+any other network resnet18_ffcv_16's) but the network (the run's -a); its epochs are that recipe's 16 unless
+--epochs is given. A network other than a ResNet trains without --blurpool (it is a ResNet rewrite).
 """
+import fnmatch
 import json
+import math
 import os
 import sys
 
+from trainer import device_names
 from trainer.cli import parse_loss_scale
 from trainer.errors import UsageError
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes.json")
 # recipe keys that are not main.py flags
-META = ("rank_size", "source")
+META = ("rank_size", "source", "rule", "expect", "base")
 SCALED = ("batch_size", "lr", "workers", "warmup_epochs", "epochs")
+# --recipe fast with a --train-crop-size below this: validation at the training size (ffcv_rule)
+SCALED_TEST_FROM = 128
 
 
 def _table():
@@ -80,14 +101,137 @@ def scale(name, ranks, explicit=None):
     return values, notes
 
 
-def flag_defaults(name, ranks, explicit=None):
-    """(main.py defaults from the recipe scaled to ``ranks``, notes); keys are argparse destinations."""
-    values = {k: v for k, v in get(name).items() if k not in META}
-    scaled, notes = scale(name, ranks, explicit)
+def base_of(name, arch):
+    """The recipe whose values ``name`` takes for network ``arch``: ``name`` itself, or the first of its ``base``
+    entries whose patterns match ``arch``."""
+    bases = get(name).get("base")
+    if not bases:
+        return name
+    for base, patterns in bases.items():
+        if any(fnmatch.fnmatchcase(arch, pattern) for pattern in patterns):
+            return base
+    raise UsageError("recipe {} has no values for -a {}".format(name, arch))
+
+
+def ffcv_ramp(epochs):
+    """(start_ramp, end_ramp) for a run of ``epochs``, as FFCV's configurations place them."""
+    def rounded(x):
+        return max(0, int(math.floor(x + 0.5)))
+    return max(0, rounded(0.75 * epochs) - 1), max(0, rounded(0.875 * epochs) - 1)
+
+
+def ffcv_peak(epochs, peak=2.0):
+    """The LR peak of a run of ``epochs``: ``peak`` (FFCV's 2), or an eighth of the run when that is sooner."""
+    return float(min(peak, epochs / 8.0))
+
+
+def ffcv_rule(recipe, values, given):
+    """``values`` (a rule-ffcv recipe's, scaled) placed for the run: the LR peak and the resolution ramp for its
+    epochs, the sizes for a --train-crop-size given."""
+    values = dict(values)
+    epochs = values["epochs"]
+    if epochs != recipe["epochs"]:
+        values["lr_peak_epoch"] = ffcv_peak(epochs, recipe.get("lr_peak_epoch", 2.0))
+        values["start_ramp"], values["end_ramp"] = ffcv_ramp(epochs)
+    if "train_crop_size" in given:
+        crop = int(given["train_crop_size"])
+        for dest in ("min_res", "max_res", "start_ramp", "end_ramp"):
+            values.pop(dest, None)
+        # FFCV's higher test size scaled with the training size; below SCALED_TEST_FROM px (a stride-32 network's
+        # last map under 4 x 4) the test size is the training size: on the digits at 32 px a model validated at
+        # 37 px scored 62.4 % Acc@1, at 32 px 91.4 % (docs/BENCHMARKS.md, "Short schedules on real images")
+        values["val_crop_size"] = (int(math.floor(recipe["val_crop_size"] * crop / 224.0 + 0.5))
+                                   if crop >= SCALED_TEST_FROM else crop)
+    return values
+
+
+def device_rule(values, kind, given=()):
+    """A recipe's --amp kept where the device ``kind`` computes in half precision (NPU, CUDA), its --channels-last
+    on CUDA (elsewhere the device's own memory format). Returns (values, notes)."""
+    values, notes = dict(values), []
+    if kind not in device_names.AMP_KINDS and values.pop("amp", None) and "amp" not in given:
+        notes.append("the recipe's --amp is for NPU and CUDA devices: this {} run trains in float32 (--amp asks "
+                     "for it)".format(kind or "device's"))
+    if kind not in device_names.CHANNELS_LAST_KINDS:
+        values.pop("channels_last", None)
+    return values, notes
+
+
+def _flag_text(dest, value):
+    flag = {"batch_size": "-b", "arch": "-a"}.get(dest, "--" + dest.replace("_", "-"))
+    if value is True:
+        return flag
+    return "{} {}".format(flag, "{:g}".format(value) if isinstance(value, float) else value)
+
+
+def flag_defaults(name, ranks, explicit=None, ns=None):
+    """(main.py defaults from the recipe scaled to ``ranks``, notes); keys are argparse destinations.
+    ``explicit``: the flags given (dest -> value), which win; ``ns``: the parsed flags as they stand (-a for
+    ``base``, --device for ``device_rule``)."""
+    given = dict(explicit or {})
+    recipe = get(name)
+    source = base_of(name, getattr(ns, "arch", None) or recipe.get("arch", "")) if recipe.get("base") else name
+    values = {k: v for k, v in get(source).items() if k not in META}
+    scaled, notes = scale(source, ranks, given)
     values.update(scaled)
+    if source != name:
+        values.pop("arch", None)  # fast: the network is the run's
+    if values.get("blurpool") and ns is not None and not _blurpool_applies(values.get("arch") or ns.arch, ns):
+        values.pop("blurpool")
+        notes.append("the recipe's --blurpool is for ResNets: -a {} trains without it".format(ns.arch))
+    if recipe.get("rule") == "ffcv":
+        values = ffcv_rule(get(source), values, given)
+    if "amp" in values or "channels_last" in values:
+        values, more = device_rule(values, _device_kind(ns), given)
+        notes.extend(more)
+    if recipe.get("rule") or recipe.get("expect"):  # one line naming what the recipe set
+        shown = " ".join(_flag_text(k, v) for k, v in sorted(values.items()) if k not in given and v is not False)
+        notes.insert(0, "recipe {}{} set: {}; flags given win".format(
+            name, " (from {})".format(source) if source != name else "", shown))
     if "loss_scale" in values:
         values["loss_scale"] = parse_loss_scale(str(values["loss_scale"]))
     return values, notes
+
+
+def _blurpool_applies(arch, ns):
+    import models
+    return models.resolve(arch, getattr(ns, "model_impl", "auto")) in models.blurpool_archs()
+
+
+def _device_kind(ns):
+    """The device kind the run will train on (``--device``, auto resolved), or None where it cannot be told
+    (the plan then says why)."""
+    if ns is None:
+        return None
+    from trainer.device import Device
+    try:
+        return Device.resolve_kind(getattr(ns, "device", "auto"))
+    except UsageError:
+        return None
+
+
+def expectation(name, arch, epochs):
+    """(recipe name, its "expect" entry) for a run of network ``arch`` and ``epochs`` trained with --recipe
+    ``name``: the recipe's own, or for a recipe with ``base`` (fast) the named recipe of the same rule, network
+    and epochs. UsageError where the published figure does not apply to such a run."""
+    recipe = get(name)
+    if recipe.get("base"):
+        table = _table()
+        for other in sorted(table):
+            r = table[other]
+            if (r.get("expect") and r.get("rule") == recipe.get("rule") and r.get("arch") == arch
+                    and r.get("epochs") == epochs):
+                return other, dict(r["expect"])
+        raise UsageError("recipe {} has no published result for -a {} at {} epochs (FFCV published {}): give a "
+                         "baseline table".format(name, arch, epochs, ", ".join(
+                             "{} ({} epochs)".format(k, v["epochs"]) for k, v in sorted(table.items())
+                             if v.get("expect") and v.get("rule") == recipe.get("rule"))))
+    if not recipe.get("expect"):
+        raise UsageError("recipe {} records no published result to judge a run against".format(name))
+    if recipe.get("arch") != arch or recipe.get("epochs") != epochs:
+        raise UsageError("recipe {}'s published result is for -a {} and {} epochs; this run trained -a {} for {} "
+                         "epochs".format(name, recipe.get("arch"), recipe.get("epochs"), arch, epochs))
+    return name, dict(recipe["expect"])
 
 
 def main(argv):

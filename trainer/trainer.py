@@ -183,7 +183,10 @@ class Trainer(Loops):
             self._summarize(totals, epochs_completed=self.start_epoch, best_acc1=best_acc1)
             if summary is not None:
                 summary.started = True
+            resolution = data.schedule_of(self.plan.data)
             for epoch in range(self.start_epoch, run.epochs):
+                if resolution is not None and (epoch == self.start_epoch or resolution(epoch) != resolution(epoch - 1)):
+                    log("=> training resolution {} from epoch {}".format(resolution(epoch), epoch))
                 tr = self.train_one_epoch(self.train_loader, epoch, self.steps)
                 totals.add(tr)
                 done = epoch + 1
@@ -281,6 +284,10 @@ class Trainer(Loops):
                           overflow_steps=overflow, skipped_fraction=overflow / float(trained) if trained else 0.0,
                           param_groups=describe_groups(self.step.optimizer, self.step.groups),
                           **self.saver.existing())
+            resolution = data.schedule_of(self.plan.data)
+            if resolution is not None:  # the sizes of the whole run, from the epoch each starts at
+                fields["train_resolutions"] = [{"from_epoch": e, "size": s}
+                                               for e, s in resolution.changes(0, self.plan.run.epochs)]
             if self.ema is not None:
                 last = self.last_ema_val
                 fields["model_ema"] = dict(self.ema.describe(), final_acc1=last.acc1 if last else None,
@@ -324,6 +331,8 @@ def build_model(section, num_classes, device, world, weights=None):
     --pretrained weights (``weights``: a checkpoint.File) loaded (a note about them goes to ``log``), SyncBatchNorm
     where asked in a job of ``world`` processes, channels-last where chosen."""
     kwargs = {"zero_init_residual": True} if section.zero_init_residual else {}
+    if section.blurpool:  # checked against the arch by the config
+        kwargs["blurpool"] = True
     try:
         model = models.get_model(section.name, num_classes=num_classes, **kwargs)
     except TypeError as exc:

@@ -9,6 +9,7 @@ The rules and their reasons: docs/DESIGN.md.
     host             the host backend (--data-backend cpu): workers decode
     device_backend   the device backend (--data-backend gpu): the device decodes whole batches
     synthetic        --dummy
+    resolution       the training resolution schedule (--min-res, --max-res, --start-ramp, --end-ramp)
     spec             LoaderSpec (what a backend is given), DataInfo
 
 A backend is one entry of BACKENDS: ``loaders(spec, device, train_samples, val_samples)`` -> (train loader or
@@ -23,6 +24,7 @@ from trainer.data.host import ImageDataset, PaddedEvalDataset, channels_last_col
 from trainer.data.images import (_PIL_SIMD, BadImageError, Box, crop_resize, load_rgb, open_image, pil_to_chw,
                                  pil_to_hwc, pillow_simd, read_bytes, rgb, sample_rng, sample_seed,
                                  tensor_crop_resize, torch_resize, transformed)
+from trainer.data.resolution import ResolutionSchedule, schedule_of, train_size
 from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, padded_length
 from trainer.data.spec import DataInfo, LoaderSpec, Sampling
 from trainer.data.synthetic import DUMMY_TRAIN_IMAGES, DUMMY_VAL_IMAGES, SyntheticLoader, build_dummy
@@ -40,6 +42,7 @@ __all__ = [
     "transformed", "EpochSampler", "ShardSampler", "dataloader", "padded_length", "DataInfo", "Sampling", "LoaderSpec",
     "DUMMY_TRAIN_IMAGES", "DUMMY_VAL_IMAGES", "SyntheticLoader", "MEAN", "STD", "Normalizer", "TrainCrop",
     "ValCrop", "_draft", "center_region", "resized_center", "train_transform", "val_transform",
+    "ResolutionSchedule", "schedule_of", "train_size",
 ]
 
 BACKENDS = {HOST_DECODE: host.loaders, DEVICE_DECODE: device_backend.loaders}
@@ -94,7 +97,7 @@ def build(section, device, sampling, need_train=True, channels_last=False, num_c
                       train_crop_size=section.train_crop_size, crop_scale_min=section.crop_scale_min,
                       val_resize_size=section.val_resize_size, val_crop_size=section.val_crop_size,
                       channels_last=bool(channels_last), decode=decode, decode_ahead=section.decode_ahead,
-                      batched_crops=section.batched_crops)
+                      batched_crops=section.batched_crops, train_sizes=schedule_of(section))
     train_loader, val_loader = BACKENDS[backend](spec, device, train_samples, val_samples)
     info = DataInfo(len(classes), classes, len(train_samples or ()), len(val_samples), layout, backend, note)
     return train_loader, val_loader, info

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from trainer.data.images import (Box, open_image, pil_to_chw, read_bytes, rgb, sample_rng, tensor_crop_resize,
                                  transformed)
-from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, padded_length
+from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, item_parts, padded_length
 from trainer.data.transforms import center_region, train_transform, val_transform
 from trainer.device import uint8_antialias_resize
 
@@ -38,7 +38,8 @@ class EncodedDataset(torch.utils.data.Dataset):
 
     ``box`` is the Box (as int64 left, top, right, bottom) to resize to ``size`` (train: the sample's
     RandomResizedCrop; val: the whole image, resized then centre-cropped on the device). A sample the
-    device cannot decode comes back decoded here (``fallback``, uint8 CHW) with empty bytes.
+    device cannot decode comes back decoded here (``fallback``, uint8 CHW) with empty bytes, at the item's size
+    where the sampler gives one (a resolution schedule).
     """
 
     def __init__(self, samples, train, cpu_transform, size):
@@ -48,12 +49,13 @@ class EncodedDataset(torch.utils.data.Dataset):
         return len(self.samples)
 
     def __getitem__(self, item):
-        index, seed = item if isinstance(item, tuple) else (item, None)
+        index, seed, size = item_parts(item)
         path, target = self.samples[index]
         raw = read_bytes(path)
         img = open_image(raw, path)
         if img.format != "JPEG" or img.mode not in DEVICE_MODES:
-            return _EMPTY, _NO_BOX, False, transformed(img, self.cpu_transform, seed, path), target, path
+            transform = self.cpu_transform.at(size) if size is not None else self.cpu_transform
+            return _EMPTY, _NO_BOX, False, transformed(img, transform, seed, path), target, path
         if self.train:
             top, left, h, w, flip = self.cpu_transform.params(img.size[0], img.size[1], sample_rng(seed))
             box = Box.from_crop(top, left, h, w)
@@ -102,7 +104,8 @@ class DeviceDecodeLoader:
 
     ``decode_ahead``: prepare the next batch in a thread beside the caller; ``batched_crops``: crop a batch
     with one roi_align call (False: image by image, with the uint8 resize where torch has it). None, the
-    default of each: the device's choice (``Device.decode_ahead``, ``not Device.crops_per_image``)."""
+    default of each: the device's choice (``Device.decode_ahead``, ``not Device.crops_per_image``). A sampler
+    with a ``size`` (a resolution schedule's, read when an epoch's iteration starts) sets the training size."""
 
     def __init__(self, loader, device, decode, size, train, resize=None, decode_ahead=None, batched_crops=None):
         self.loader, self.device, self.decode = loader, device, decode
@@ -125,35 +128,36 @@ class DeviceDecodeLoader:
         and closing the iteration before its end (a step limit; the caller dropping its iterator) waits for the
         batch in preparation, so no data work outlives it."""
         batches = iter(self.loader)
+        size = getattr(self.sampler, "size", None) or self.size
         if not self.ahead:
-            for item, handoff in iter(lambda: self._prepare(batches), None):
+            for item, handoff in iter(lambda: self._prepare(batches, size), None):
                 handoff.receive()
                 yield item
             return
         with ThreadPoolExecutor(1, thread_name_prefix="decode-ahead", initializer=self.device.bind_thread) as ahead:
-            job = ahead.submit(self._prepare, batches)
+            job = ahead.submit(self._prepare, batches, size)
             while True:
                 ready = job.result()
                 if ready is None:
                     return
-                job = ahead.submit(self._prepare, batches)
+                job = ahead.submit(self._prepare, batches, size)
                 item, handoff = ready
                 handoff.receive()
                 yield item
 
-    def _prepare(self, batches):
-        """The next batch decoded and cropped, with its ``Handoff``; None at the end."""
+    def _prepare(self, batches, size=None):
+        """The next batch decoded and cropped to ``size``, with its ``Handoff``; None at the end."""
         batch = next(batches, None)
         if batch is None:
             return None
         (buf, lengths), boxes, flips, fallback, target, paths = batch[:6]
         raw = list(torch.split(buf, lengths.tolist()))  # views, one per image
         with torch.no_grad(), self.device.data_work() as handoff:
-            images = handoff(self._decode_batch(raw, boxes, flips, fallback, paths))
+            images = handoff(self._decode_batch(raw, boxes, flips, fallback, paths, size))
         return ((images, target) if len(batch) == 6 else (images, target, batch[6])), handoff
 
-    def _decode_batch(self, raw, boxes, flips, fallback, paths):
-        n, s = len(raw), self.size
+    def _decode_batch(self, raw, boxes, flips, fallback, paths, s=None):
+        n, s = len(raw), s or self.size
         out = None
         todo = [k for k in range(n) if raw[k].numel() > 0]
         ready = [k for k in range(n) if raw[k].numel() == 0]
@@ -180,7 +184,7 @@ class DeviceDecodeLoader:
                     raise
                 self._batched = False
         if self._batched is False:
-            res = torch.stack([self._augment(img, box, f) for img, box, f in zip(decoded, rois, flip)])
+            res = torch.stack([self._augment(img, box, f, s) for img, box, f in zip(decoded, rois, flip)])
         if out is None:
             return res
         out[self.device.upload(torch.tensor(todo))] = res
@@ -209,9 +213,10 @@ class DeviceDecodeLoader:
                     self.fallbacks += 1
             return out
 
-    def _augment(self, img, roi, flip):
-        """One image: the region ``roi`` resized to size x size (antialiased bilinear), flipped if asked."""
-        s = self.size
+    def _augment(self, img, roi, flip, s=None):
+        """One image: the region ``roi`` resized to s x s (the loader's size by default; antialiased bilinear),
+        flipped if asked."""
+        s = s or self.size
         if img.shape[0] == 1:
             img = img.expand(3, -1, -1)
         if self._per_image_uint8:
@@ -294,7 +299,7 @@ def loaders(spec, device, train_samples, val_samples):
     (the workers read the files; not pinned: the decoder copies the bytes itself)."""
     train = None
     if train_samples is not None:
-        sampler = EpochSampler(len(train_samples), spec.seed, spec.rank, spec.world_size)
+        sampler = EpochSampler(len(train_samples), spec.seed, spec.rank, spec.world_size, spec.train_sizes)
         crop = train_transform(spec.train_crop_size, spec.crop_scale_min)
         ds = EncodedDataset(train_samples, True, crop, spec.train_crop_size)
         train = DeviceDecodeLoader(dataloader(ds, spec.batch_per_rank, sampler, spec.workers, False, True, collate),

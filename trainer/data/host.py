@@ -4,15 +4,16 @@ import torch
 from torch.utils.data._utils.collate import default_collate
 
 from trainer.data.images import open_image, read_bytes, transformed
-from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, padded_length
+from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, item_parts, padded_length
 from trainer.data.transforms import train_transform, val_transform
 
 
 class ImageDataset(torch.utils.data.Dataset):
     """(path, class) samples -> (uint8 CHW tensor, class).
 
-    Indices may come as plain ints or as (index, seed) pairs from ``EpochSampler``;
-    with a seed the augmentation of that sample is reproducible. The file is opened with its header
+    Indices may come as plain ints, or as (index, seed) or (index, seed, size) from ``EpochSampler``;
+    with a seed the augmentation of that sample is reproducible, with a size the training crop is made at that
+    size (a resolution schedule's, ``TrainCrop.at``). The file is opened with its header
     only: the transform decides how much of it to decode (``TrainCrop``, ``ValCrop``).
     """
 
@@ -24,10 +25,12 @@ class ImageDataset(torch.utils.data.Dataset):
         return len(self.samples)
 
     def __getitem__(self, item):
-        index, seed = item if isinstance(item, tuple) else (item, None)
+        index, seed, size = item_parts(item)
         path, target = self.samples[index]
         img = open_image(read_bytes(path), path)
-        return transformed(img, self.transform, seed, path), target
+        transform = self.transform.at(size) if size is not None else self.transform
+        return transformed(img, transform, seed, path), target
+
 
 
 class PaddedEvalDataset(torch.utils.data.Dataset):
@@ -61,7 +64,7 @@ def loaders(spec, device, train_samples, val_samples):
     collate = channels_last_collate if spec.channels_last else None
     train = None
     if train_samples is not None:
-        sampler = EpochSampler(len(train_samples), spec.seed, spec.rank, spec.world_size)
+        sampler = EpochSampler(len(train_samples), spec.seed, spec.rank, spec.world_size, spec.train_sizes)
         crop = train_transform(spec.train_crop_size, spec.crop_scale_min)
         train = dataloader(ImageDataset(train_samples, crop), spec.batch_per_rank, sampler, spec.workers,
                            device.pin_memory, True, collate, device.pin_memory_device)

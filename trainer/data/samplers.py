@@ -14,18 +14,26 @@ def padded_length(n, batch_per_rank, world_size):
 
 
 class EpochSampler(torch.utils.data.Sampler):
-    """Shuffled, sharded training order for one epoch: yields (index, sample seed).
+    """Shuffled, sharded training order for one epoch: yields (index, sample seed), or with ``sizes`` (epoch ->
+    image size: a resolution schedule) (index, sample seed, size).
 
     Like DistributedSampler with drop_last=True: each rank gets len // world items,
-    distinct across ranks; the order depends on (seed, epoch) only.
+    distinct across ranks; the order depends on (seed, epoch) only. The sampler runs in the training process,
+    which iterates it afresh every epoch: the size it hands out reaches persistent workers with their items.
     """
 
-    def __init__(self, n, seed, rank=0, world_size=1):
+    def __init__(self, n, seed, rank=0, world_size=1, sizes=None):
         self.n, self.seed, self.rank, self.world_size = n, seed, rank, world_size
         self.epoch = 0
+        self.sizes = sizes
 
     def set_epoch(self, epoch):
         self.epoch = epoch
+
+    @property
+    def size(self):
+        """The image size of the current epoch, or None (a fixed size, the transform's own)."""
+        return self.sizes(self.epoch) if self.sizes is not None else None
 
     def __len__(self):
         return self.n // self.world_size
@@ -35,8 +43,20 @@ class EpochSampler(torch.utils.data.Sampler):
         g.manual_seed(self.seed + self.epoch)
         order = torch.randperm(self.n, generator=g).tolist()
         total = len(self) * self.world_size
+        size = self.size
         for index in order[self.rank:total:self.world_size]:
-            yield index, sample_seed(self.seed, self.epoch, index)
+            if size is None:
+                yield index, sample_seed(self.seed, self.epoch, index)
+            else:
+                yield index, sample_seed(self.seed, self.epoch, index), size
+
+
+def item_parts(item):
+    """A sampler's item -> (index, sample seed or None, image size or None): a plain index (``ShardSampler``), or
+    ``EpochSampler``'s (index, seed) or (index, seed, size)."""
+    if not isinstance(item, tuple):
+        return item, None, None
+    return (tuple(item) + (None,))[:3]
 
 
 class ShardSampler(torch.utils.data.Sampler):

@@ -34,6 +34,7 @@ class LoaderSpec:
     decode: Optional[Callable] = None  # the device's JPEG decoder (device backend only)
     decode_ahead: Optional[bool] = None  # device backend only; None: Device.decode_ahead
     batched_crops: Optional[bool] = None  # device backend only; None: not Device.crops_per_image
+    train_sizes: Optional[Callable] = None  # epoch -> training size (a resolution schedule); None: train_crop_size
 
 
 class DataInfo:

@@ -34,6 +34,16 @@ class TrainCrop:
 
     def __init__(self, size, scale_min=0.08):
         self.size, self.scale, self.ratio = size, (scale_min, 1.0), (3.0 / 4.0, 4.0 / 3.0)
+        self._sized = {size: self}
+
+    def at(self, size):
+        """This transform with output ``size`` (a resolution schedule's size of an epoch); the crop and flip
+        drawn from a seed do not depend on it."""
+        if size is None:
+            return self
+        if size not in self._sized:
+            self._sized[size] = TrainCrop(size, self.scale[0])
+        return self._sized[size]
 
     def params(self, width, height, g=None):
         """(top, left, h, w, flip): torchvision's RandomResizedCrop.get_params algorithm (up to 10 draws of

@@ -1,0 +1,309 @@
+"""--recipe fast and the named recipes of FFCV's and MLPerf's schedules (trainer/recipes.py, trainer/recipes.json), and
+tools/acceptance.py --baseline recipe: the flags a recipe decides, planned in this process through parse_config and
+plan; real runs on generated data (CPU) that train to ok, one of two ranks, one resumed exactly across a change of
+the training resolution; a run judged against a recipe's published result."""
+import io
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import RANKS, SMALL, call, read_summary, run_main
+from modelzoo import acceptance
+from trainer import recipes
+from trainer.config import parse_config
+from trainer.device import torch_load
+from trainer.errors import UsageError
+from trainer.plan import plan
+
+pytestmark = pytest.mark.timeout(600)
+
+# FFCV's configurations (libffcv/ffcv-imagenet rn50_configs / rn18_configs, *_epochs.yaml): epochs -> (start_ramp,
+# end_ramp), the same for both networks; and the README's top-1 (%) per network and epochs
+FFCV_RAMPS = {16: (11, 13), 24: (17, 20), 32: (23, 27), 40: (29, 34), 56: (41, 48), 88: (65, 76)}
+FFCV_TOP1 = {"resnet50": {16: 73.8, 24: 75.6, 32: 76.6, 40: 77.2, 56: 78.0, 88: 78.4},
+             "resnet18": {16: 66.9, 24: 68.8, 32: 70.0, 40: 70.6, 56: 71.3, 88: 72.4}}
+EIGHT = {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+RUN = ["--device", "cpu", "--seed", "3", "-a", "resnet18", "-b", "8", "-j", "0", "-p", "1"]
+
+
+def planned(*argv, **kw):
+    """The plan of ``main.py --dummy --device cpu ARGV`` (env: ``kw['env']``, one process by default)."""
+    env = kw.get("env", {})
+    parsed = parse_config(["--dummy", "--device", "cpu"] + list(argv), env=env)
+    return plan(parsed.cfg, env=env, notes=parsed.notes)
+
+
+def decided(p):
+    """What the recipes decide, from a plan."""
+    return {"batch": p.run.batch_size, "lr": p.optim.lr, "epochs": p.run.epochs, "schedule": p.optim.lr_schedule,
+            "peak": p.optim.lr_peak_epoch, "smoothing": p.optim.label_smoothing, "wd": p.optim.weight_decay,
+            "norm_wd": p.optim.norm_weight_decay, "res": (p.data.min_res, p.data.max_res),
+            "ramp": (p.data.start_ramp, p.data.end_ramp), "val": (p.data.val_resize_size, p.data.val_crop_size),
+            "tta": p.data.val_tta, "blurpool": p.model.blurpool, "amp": p.precision.amp,
+            "optimizer": p.optim.optimizer, "warmup": p.optim.warmup_epochs}
+
+
+# ---------------------------------------------------------------- the flags --recipe fast decides
+
+
+@pytest.mark.parametrize("argv,env,want", [
+    # FFCV's ResNet-50 configuration on its 8 devices: exactly its values
+    (["-a", "resnet50", "--epochs", "16"], EIGHT,
+     dict(batch=4096, lr=1.7, epochs=16, peak=2.0, wd=1e-4, ramp=(11, 13))),
+    (["-a", "resnet50", "--epochs", "88", "-b", "1024"], {},
+     dict(batch=1024, lr=0.425, epochs=88, peak=2.0, wd=1e-4, ramp=(65, 76))),
+    (["-a", "resnet101", "--epochs", "40", "-b", "256"], {},
+     dict(batch=256, lr=0.10625, epochs=40, wd=1e-4, ramp=(29, 34))),
+    # ResNet-18 (and any network but the bottleneck ResNets): FFCV's one-device configuration
+    (["-a", "resnet18", "--epochs", "24", "-b", "512"], {},
+     dict(batch=512, lr=0.25, epochs=24, peak=2.0, wd=5e-5, ramp=(17, 20))),
+    (["-a", "resnet18", "--epochs", "32"], {}, dict(batch=1024, lr=0.5, wd=5e-5, ramp=(23, 27))),
+    (["-a", "resnet18"], {}, dict(epochs=16, ramp=(11, 13))),  # no --epochs: the recipe's 16
+    (["-a", "resnet18", "--epochs", "100", "-b", "2048"], {}, dict(lr=1.0, peak=2.0, ramp=(74, 87))),
+    (["-a", "resnet18", "--epochs", "3", "-b", "8"], {}, dict(lr=0.00390625, peak=0.375, ramp=(1, 2))),
+    (["-a", "resnet18", "--epochs", "12", "-b", "8"], {}, dict(peak=1.5, ramp=(8, 10))),
+])
+def test_fast_decides_ffcvs_choices_as_a_function_of_epochs_network_and_batch(argv, env, want):
+    got = decided(planned("--recipe", "fast", *argv, env=env))
+    common = dict(schedule="triangular", smoothing=0.1, norm_wd=0.0, res=(160, 192), val=(293, 256), tta="flip",
+                  blurpool=True, amp=False, optimizer="sgd", warmup=0.0)
+    for key, value in dict(common, **want).items():
+        assert got[key] == pytest.approx(value) if isinstance(value, float) else got[key] == value, (key, got)
+
+
+def test_the_ramp_rule_reproduces_every_ffcv_configuration_and_the_named_recipes():
+    for epochs, ramp in FFCV_RAMPS.items():
+        assert recipes.ffcv_ramp(epochs) == ramp
+        assert recipes.ffcv_peak(epochs) == 2.0
+        for arch in ("resnet50", "resnet18"):
+            r = recipes.get("{}_ffcv_{}".format(arch, epochs))
+            assert (r["start_ramp"], r["end_ramp"], r["epochs"], r["lr_peak_epoch"]) == ramp + (epochs, 2)
+    for epochs in range(1, 200):  # every run: a ramp inside the run, the peak below its end
+        start, end = recipes.ffcv_ramp(epochs)
+        assert 0 <= start <= end <= epochs and 0 < recipes.ffcv_peak(epochs) < epochs
+
+
+def test_the_recipe_logs_one_line_naming_what_it_set_and_the_device_rule():
+    p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "3", "-b", "8")
+    line = [n for n in p.notes if n.startswith("recipe fast")]
+    assert len(line) == 1
+    assert line[0].startswith("recipe fast (from resnet18_ffcv_16) set: ")
+    for flag in ("--blurpool", "--lr 0.00390625", "--lr-schedule triangular", "--lr-peak-epoch 0.375",
+                 "--min-res 160", "--max-res 192", "--start-ramp 1", "--end-ramp 2", "--val-crop-size 256",
+                 "--val-tta flip", "--norm-weight-decay 0", "--label-smoothing 0.1", "--weight-decay 5e-05"):
+        assert flag in line[0], flag
+    assert "--epochs" not in line[0] and "-b " not in line[0]  # given: not the recipe's
+    # the CPU trains in float32 (--amp is the NPU's and CUDA's), in the CPU's own memory format
+    assert any("the recipe's --amp is for NPU and CUDA devices" in n for n in p.notes)
+    assert p.precision.amp is False and p.model.channels_last is True
+    # on CUDA and NPU the recipe turns on AMP; channels-last on CUDA only
+    values = {"amp": True, "channels_last": True, "lr": 1.0}
+    assert recipes.device_rule(values, "cuda")[0] == values
+    assert recipes.device_rule(values, "npu") == ({"amp": True, "lr": 1.0}, [])
+    assert recipes.device_rule(values, "cpu", {"amp": True})[1] == []  # --amp given: no note
+
+
+def test_flags_given_win_over_the_recipe():
+    p = planned("--recipe", "fast", "-a", "resnet50", "--epochs", "16", "-b", "64", "--lr", "0.3",
+                "--label-smoothing", "0", "--val-tta", "none", "--lr-schedule", "cosine", "--wd", "3e-5",
+                "--min-res", "128", "--start-ramp", "4", "--val-crop-size", "224", "--amp", "--no-channels-last")
+    got = decided(p)
+    assert (got["batch"], got["lr"], got["smoothing"], got["tta"], got["schedule"], got["wd"]) == \
+        (64, 0.3, 0.0, "none", "cosine", 3e-5)
+    assert got["res"] == (128, 192) and got["ramp"] == (4, 13) and got["val"] == (256, 224)
+    assert got["amp"] is True and p.model.channels_last is False
+    line = [n for n in p.notes if n.startswith("recipe fast")][0]
+    for given in ("--lr ", "--label-smoothing", "--val-tta", "--lr-schedule", "--weight-decay", "--min-res",
+                  "--start-ramp", "--val-crop-size", "-b "):
+        assert given not in line, given
+    assert "--max-res 192" in line and "--end-ramp 13" in line
+
+
+def test_a_train_crop_size_given_keeps_the_size_and_scales_the_test_size():
+    p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "16", "--train-crop-size", "160")
+    assert p.data.train_crop_size == 160 and p.data.min_res is None  # no schedule: the size given throughout
+    assert (p.data.val_crop_size, p.data.val_resize_size) == (183, 209)  # round(256 x 160/224), then / (224/256)
+    p = planned("--recipe", "fast", "-a", "resnet18", "--train-crop-size", "128")
+    assert (p.data.val_crop_size, p.data.val_resize_size) == (146, 167)
+    # below 128 px the test size is the training size (the resize at the crop ratio as ever)
+    p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "16", "--train-crop-size", "32")
+    assert (p.data.val_crop_size, p.data.val_resize_size) == (32, 37)
+    p = planned("--recipe", "fast", "-a", "resnet18", "--train-crop-size", "112")
+    assert (p.data.val_crop_size, p.data.val_resize_size) == (112, 128)
+    p = planned("--recipe", "fast", "-a", "mobilenet_v2", "--epochs", "16")
+    assert p.model.blurpool is False and any("--blurpool is for ResNets" in n for n in p.notes)
+
+
+# ---------------------------------------------------------------- the named recipes
+
+
+def named():
+    return [n for n in recipes.names() if recipes.get(n).get("expect")]
+
+
+def test_every_recipe_key_is_a_flag_and_every_named_recipe_has_a_sourced_result():
+    from trainer.flags import build_parser
+    dests = {a.dest for a in build_parser()._actions}
+    for name in recipes.names():
+        r = recipes.get(name)
+        assert set(r) - set(recipes.META) <= dests, (name, set(r) - set(recipes.META) - dests)
+        assert r["source"].strip()
+    assert set(named()) == {"{}_ffcv_{}".format(a, e) for a in ("resnet50", "resnet18") for e in FFCV_RAMPS} | {
+        "resnet50_mlperf_lars"}
+    for arch, table in FFCV_TOP1.items():
+        for epochs, top1 in table.items():
+            expect = recipes.get("{}_ffcv_{}".format(arch, epochs))["expect"]
+            assert expect["acc1"] == top1 and expect["source"].startswith("https://github.com/libffcv/ffcv-imagenet")
+            assert expect["hardware"] == ("8 x A100" if arch == "resnet50" else "1 x A100")
+
+
+@pytest.mark.parametrize("name", sorted(named()))
+def test_each_named_recipe_plans_its_values_at_its_device_count(name):
+    r = recipes.get(name)
+    env = EIGHT if r["rank_size"] == 8 else {}
+    got = decided(planned("--recipe", name, env=env))
+    assert (got["batch"], got["lr"], got["epochs"], got["schedule"], got["wd"], got["smoothing"], got["norm_wd"]) == \
+        (r["batch_size"], r["lr"], r["epochs"], r["lr_schedule"], r["weight_decay"], 0.1, 0.0)
+    if r.get("rule") == "ffcv":
+        assert got["ramp"] == FFCV_RAMPS[r["epochs"]] and got["res"] == (160, 192) and got["peak"] == 2.0
+        assert (got["val"], got["tta"], got["blurpool"], got["optimizer"]) == ((293, 256), "flip", True, "sgd")
+    else:  # MLPerf's: LARS, 2 warm-up epochs, polynomial decay
+        assert (got["optimizer"], got["warmup"], got["res"]) == ("lars", 2.0, (None, None))
+    one = decided(planned("--recipe", name))  # one device: the per-device batch kept, the LR linear in the batch
+    assert one["batch"] == r["batch_size"] // r["rank_size"]
+    assert one["lr"] == pytest.approx(r["lr"] / r["rank_size"])
+
+
+def test_a_named_recipe_run_shorter_is_placed_for_its_epochs():
+    got = decided(planned("--recipe", "resnet50_ffcv_88", "--epochs", "24", "-b", "256"))
+    assert (got["ramp"], got["peak"], got["lr"]) == (FFCV_RAMPS[24], 2.0, pytest.approx(1.7 * 256 / 4096))
+
+
+def test_an_unknown_recipe_is_one_line():
+    with pytest.raises(UsageError, match="unknown recipe 'fastest'"):
+        planned("--recipe", "fastest")
+
+
+# ---------------------------------------------------------------- real runs
+
+
+def _run(data, out, args):
+    proc = run_main([data, "--output-dir", str(out)] + args)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc
+
+
+def test_fast_trains_to_ok_at_32_px(shapes, tmp_path):
+    proc = _run(shapes, tmp_path, RUN + ["--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "1",
+                                         "--eval-freq", "3", "--train-crop-size", "32"])
+    assert "note: recipe fast (from resnet18_ffcv_16) set: " in proc.stdout
+    s = read_summary(tmp_path)
+    assert s["status"] == "ok" and s["recipe"] == "fast" and s["epochs_completed"] == 3
+    c = s["config"]
+    assert (c["lr_schedule"], c["lr_peak_epoch"], c["blurpool"], c["val_tta"], c["val_crop_size"],
+            c["label_smoothing"], c["norm_weight_decay"]) == ("triangular", 0.375, True, "flip", 32, 0.1, 0.0)
+
+
+def _records(out):
+    with open(os.path.join(str(out), "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_a_run_resumed_across_the_resolution_change_equals_the_uninterrupted_run(shapes, tmp_path):
+    # epochs 0 and 1 at 32 px, epoch 2 at 64 (the recipe's ramp for 3 epochs: 1, 2); resumed after epoch 1
+    args = RUN + ["--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "2", "--min-res", "32",
+                  "--max-res", "64", "--val-crop-size", "32", "--eval-freq", "3"]
+    full = _run(shapes, tmp_path / "full", args + ["--checkpoint-freq", "1"])
+    assert "=> training resolution 32 from epoch 0" in full.stdout
+    assert "=> training resolution 64 from epoch 2" in full.stdout
+    kept = os.path.join(str(tmp_path / "full"), "checkpoint_epoch2.pth.tar")
+    part = _run(shapes, tmp_path / "part", args + ["--resume", kept])
+    assert "=> resumed" in part.stdout and "=> training resolution 64 from epoch 2" in part.stdout
+    a, b = torch_load(os.path.join(str(tmp_path / "full"), "checkpoint.pth.tar")), \
+        torch_load(os.path.join(str(tmp_path / "part"), "checkpoint.pth.tar"))
+    assert a["epoch"] == b["epoch"] == 3
+    for k in a["state_dict"]:
+        assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
+    ra, rb = _records(tmp_path / "full")[-1], _records(tmp_path / "part")[-1]
+    for key in ("step_lrs", "step_losses", "train_loss", "val_acc1"):
+        assert ra[key] == rb[key], key
+
+
+@RANKS
+def test_fast_on_two_ranks(shapes, tmp_path):
+    proc = _run(shapes, tmp_path, RUN + ["-b", "16", "--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "1",
+                                         "--min-res", "32", "--max-res", "64", "--val-crop-size", "32",
+                                         "--eval-freq", "3", "--multiprocessing-distributed", "--device-list", "0,1",
+                                         "--port", "0", "--dist-timeout", "120"])
+    assert "=> training resolution 64 from epoch 2" in proc.stdout
+    s = read_summary(tmp_path)
+    assert s["status"] == "ok" and s["world_size"] == 2 and s["config"]["blurpool"] is True
+    assert s["lr"] == pytest.approx(0.5 * 16 / 1024)
+
+
+# ---------------------------------------------------------------- acceptance against a recipe's result
+
+
+def _acceptance(argv):
+    """tools/acceptance.py's main in this process: (exit code, output, the error line)."""
+    out = io.StringIO()
+    try:
+        return acceptance.main(argv, out=out), out.getvalue(), ""
+    except acceptance.AcceptanceError as exc:
+        return exc.exit_code, out.getvalue(), str(exc)
+
+
+def _check(summary, *more):
+    return _acceptance(["check", "--summary", summary, "--rank-size", "1", "--mode", "acc", "--arch", "resnet18"]
+                       + list(more))
+
+
+def test_a_run_is_judged_against_its_recipes_published_result(shapes, tmp_path):
+    # a run of FFCV's 16-epoch ResNet-18 schedule (fast at 16 epochs): judged against 66.9 % with 1 point
+    _run(shapes, tmp_path, RUN + ["--recipe", "fast", "--epochs", "16", "--max-steps-per-epoch", "1",
+                                  "--eval-freq", "16"] + SMALL)
+    summary = os.path.join(str(tmp_path), "summary.json")
+    rc, out, err = _check(summary, "--baseline", "recipe")
+    assert rc == acceptance.EXIT_FAIL, (out, err)
+    assert "FAIL Acc@1" in out and "vs baseline 66.900: needs >= 65.900 (tolerance 1 point(s) below)" in out
+    assert "recipe resnet18_ffcv_16: https://github.com/libffcv/ffcv-imagenet" in out and "1 x A100" in out
+    assert "SKIP FPS" in out
+
+    # the same run at the result (within the tolerance) passes; below it fails
+    s = read_summary(tmp_path)
+    for acc1, want in ((66.0, acceptance.EXIT_OK), (65.9, acceptance.EXIT_OK), (65.8, acceptance.EXIT_FAIL)):
+        path = str(tmp_path / "s{}.json".format(acc1))
+        with open(path, "w") as f:
+            json.dump(dict(s, final_acc1=acc1), f)
+        rc, out, _ = _check(path, "--baseline", "recipe")
+        assert rc == want, (acc1, out)
+        assert ("acceptance: PASS" if want == acceptance.EXIT_OK else "acceptance: FAIL: acc1") in out
+    # recipe:NAME names the recipe; the published figure applies only to its network and epochs
+    rc, out, _ = _check(str(tmp_path / "s66.0.json"), "--baseline", "recipe:resnet18_ffcv_16")
+    assert rc == acceptance.EXIT_OK
+    rc, out, err = _check(str(tmp_path / "s66.0.json"), "--baseline", "recipe:resnet18_ffcv_24")
+    assert rc == 2 and "recipe resnet18_ffcv_24's published result is for -a resnet18 and 24 epochs" in err
+    path = str(tmp_path / "short.json")
+    with open(path, "w") as f:
+        json.dump(dict(s, epochs=3), f)
+    rc, out, err = _check(path, "--baseline", "recipe")
+    assert rc == 2 and "recipe fast has no published result for -a resnet18 at 3 epochs" in err
+    with open(path, "w") as f:
+        json.dump(dict(s, recipe=None), f)
+    rc, out, err = _check(path, "--baseline", "recipe")
+    assert rc == 2 and "the run was not trained with --recipe" in err
+
+
+def test_before_a_run_the_recipes_result_is_checked(capsys):
+    def baseline(name, mode):
+        return ["baseline", "--baseline", "recipe:" + name, "--arch", "resnet50", "--rank-size", "8", "--mode", mode]
+    assert _acceptance(baseline("resnet50_mlperf_lars", "acc"))[0] == 0
+    rc, _, err = _acceptance(baseline("resnet50_ffcv_16", "perf"))
+    assert rc == 2 and "no fps figure" in err
+    rc, _, err = _acceptance(baseline("resnet50_8p", "acc"))
+    assert rc == 2 and "records no published result" in err
+    # the command line: one error line, exit 2
+    rc, out, err = call(acceptance.cli, baseline("resnet50_8p", "acc"), capsys)
+    assert rc == 2 and err.startswith("error: recipe resnet50_8p records no published result")

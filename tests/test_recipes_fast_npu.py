@@ -1,0 +1,25 @@
+"""--recipe fast on the torch_npu double (tests/fake_npu): main.py --device npu takes the recipe's AMP (the NPU computes
+in half precision) and keeps the NPU's memory format, and trains across the recipe's change of resolution."""
+import pytest
+
+from conftest import DOUBLE, read_summary, run_main
+from test_npu_double import double, fake_env  # noqa: F401 (double: the module's autouse fixture)
+
+pytestmark = [DOUBLE, pytest.mark.timeout(600)]
+
+
+def test_fast_on_the_double_trains_with_amp_across_the_size_change(shapes, tmp_path):
+    proc = run_main([shapes, "--device", "npu", "--output-dir", str(tmp_path), "--recipe", "fast", "-a", "resnet18",
+                     "--seed", "1", "--epochs", "3", "--max-steps-per-epoch", "1", "-b", "8", "-j", "0", "-p", "1",
+                     "--min-res", "32", "--max-res", "64", "--val-crop-size", "32", "--eval-freq", "3"],
+                    env=fake_env())
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    line = [n for n in proc.stdout.splitlines() if n.startswith("note: recipe fast (from resnet18_ffcv_16) set: ")]
+    assert len(line) == 1 and " --amp " in line[0] and "--channels-last" not in line[0]
+    assert "=> training resolution 64 from epoch 2" in proc.stdout
+    s = read_summary(tmp_path)
+    assert s["status"] == "ok" and s["device"].startswith("npu") and s["versions"]["torch_npu"].endswith("+fake")
+    assert s["config"]["amp"] is True and s["channels_last"] is False
+    assert s["train_resolutions"] == [{"from_epoch": 0, "size": 32}, {"from_epoch": 2, "size": 64}]
+    assert (s["config"]["blurpool"], s["config"]["val_tta"], s["config"]["lr_schedule"]) == (True, "flip",
+                                                                                              "triangular")
