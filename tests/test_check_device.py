@@ -50,7 +50,7 @@ def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path, monkeypatc
     threads = set()
     real = batch_decode.DeviceDecodeLoader._prepare
     monkeypatch.setattr(batch_decode.DeviceDecodeLoader, "_prepare",
-                        lambda self, it: threads.add(threading.current_thread().name[:12]) or real(self, it))
+                        lambda self, *args: threads.add(threading.current_thread().name[:12]) or real(self, *args))
     out = tmp_path / "results.json"
     rc = check_device.main(["--small", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
                             "--only", "fps-shufflenet", "--decode-ahead", "on", "--json", str(out)])
