@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tools.make_dataset import generate  # noqa: E402
-from trainer.device import Device  # noqa: E402
+from trainer.device import Device, torch_load  # noqa: E402
 
 PY = sys.executable
 
@@ -110,6 +110,23 @@ def run_main(args, env=None, timeout=600, cwd=ROOT):
         e.update(env)
     return subprocess.run([PY, os.path.join(ROOT, "main.py")] + list(args), cwd=cwd, env=e,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def trained(data, out, args):
+    """main.py on ``data`` into ``out`` with ``args``, which must succeed; the finished process."""
+    proc = run_main([str(data), "--output-dir", str(out)] + list(args))
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc
+
+
+def read_checkpoint(out, name="checkpoint.pth.tar"):
+    return torch_load(os.path.join(str(out), name))
+
+
+def read_metrics(out):
+    """The records of a run's metrics.jsonl."""
+    with open(os.path.join(str(out), "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
 
 
 def read_summary(out_dir, name="summary.json"):

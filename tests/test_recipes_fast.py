@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import RANKS, SMALL, call, read_summary, run_main
+from conftest import RANKS, SMALL, call, read_metrics, read_summary, run_main
 from modelzoo import acceptance
 from trainer import recipes
 from trainer.config import parse_config
@@ -206,11 +206,6 @@ def test_fast_trains_to_ok_at_32_px(shapes, tmp_path):
             c["label_smoothing"], c["norm_weight_decay"]) == ("triangular", 0.375, True, "flip", 32, 0.1, 0.0)
 
 
-def _records(out):
-    with open(os.path.join(str(out), "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def test_a_run_resumed_across_the_resolution_change_equals_the_uninterrupted_run(shapes, tmp_path):
     # epochs 0 and 1 at 32 px, epoch 2 at 64 (the recipe's ramp for 3 epochs: 1, 2); resumed after epoch 1
     args = RUN + ["--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "2", "--min-res", "32",
@@ -226,7 +221,7 @@ def test_a_run_resumed_across_the_resolution_change_equals_the_uninterrupted_run
     assert a["epoch"] == b["epoch"] == 3
     for k in a["state_dict"]:
         assert torch.equal(a["state_dict"][k], b["state_dict"][k]), k
-    ra, rb = _records(tmp_path / "full")[-1], _records(tmp_path / "part")[-1]
+    ra, rb = read_metrics(tmp_path / "full")[-1], read_metrics(tmp_path / "part")[-1]
     for key in ("step_lrs", "step_losses", "train_loss", "val_acc1"):
         assert ra[key] == rb[key], key
 

@@ -4,7 +4,6 @@
 epoch by epoch, persistent workers included; a run resumed across a size change equals the uninterrupted one
 bit for bit (one process and two); the flipped validation against a hand computation; BlurPool's layers, weights
 and checkpoints; bad values one line."""
-import json
 import os
 
 import pytest
@@ -12,10 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import main as entry
-from conftest import RANKS, assert_call_error, read_summary, run_main
+from conftest import RANKS, assert_call_error, read_summary, run_main, trained
+from conftest import read_checkpoint as ckpt, read_metrics as records
 from trainer import data
 from trainer.config import DataConfig, parse_config
-from trainer.device import Device, torch_load
+from trainer.device import Device
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,21 +25,6 @@ VAL32 = ["--val-resize-size", "32", "--val-crop-size", "32"]
 RESNET = ["-a", "resnet18", "-b", "8", "--lr", "0.1"] + BASE
 RAMP = ["--min-res", "32", "--max-res", "96", "--start-ramp", "0", "--end-ramp", "2"]  # epochs 0, 1, 2: 32, 64, 96
 SHORT_RAMP = ["--min-res", "32", "--max-res", "64", "--start-ramp", "0", "--end-ramp", "2"]  # 32, 64 (48: 1.5 x 32), 64
-
-
-def trained(root, out, args):
-    proc = run_main([root, "--output-dir", str(out)] + args)
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
-    return proc
-
-
-def ckpt(out, name="checkpoint.pth.tar"):
-    return torch_load(os.path.join(str(out), name))
-
-
-def records(out):
-    with open(os.path.join(str(out), "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 # ---------------------------------------------------------------- the schedule

@@ -10,30 +10,15 @@ import pytest
 import torch
 
 import main as entry
-from conftest import PY, RANKS, ROOT, SMALL, assert_call_error, assert_one_line_error, read_summary, run_main
+from conftest import PY, RANKS, ROOT, SMALL, assert_call_error, assert_one_line_error, read_summary, run_main, trained
+from conftest import read_checkpoint as ckpt, read_metrics as records
 from test_train import epoch_losses
-from trainer.device import torch_load
 
 pytestmark = pytest.mark.timeout(600)
 
 CPU = ["--device", "cpu", "--seed", "3"] + SMALL
 TINY = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.2"] + CPU
 RESNET = ["-a", "resnet18", "-b", "8", "--lr", "0.2"] + CPU
-
-
-def trained(data, out, args):
-    proc = run_main([data, "--output-dir", str(out)] + args)
-    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
-    return proc
-
-
-def ckpt(out, name="checkpoint.pth.tar"):
-    return torch_load(os.path.join(str(out), name))
-
-
-def records(out):
-    with open(os.path.join(str(out), "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def norm_and_bias_tensors(arch):

@@ -184,9 +184,10 @@ class Trainer(Loops):
             if summary is not None:
                 summary.started = True
             resolution = data.schedule_of(self.plan.data)
+            sizes = dict(resolution.changes(self.start_epoch, run.epochs)) if resolution is not None else {}
             for epoch in range(self.start_epoch, run.epochs):
-                if resolution is not None and (epoch == self.start_epoch or resolution(epoch) != resolution(epoch - 1)):
-                    log("=> training resolution {} from epoch {}".format(resolution(epoch), epoch))
+                if epoch in sizes:
+                    log("=> training resolution {} from epoch {}".format(sizes[epoch], epoch))
                 tr = self.train_one_epoch(self.train_loader, epoch, self.steps)
                 totals.add(tr)
                 done = epoch + 1
