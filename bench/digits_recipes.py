@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time to accuracy on real images: pytorch/examples' recipe against ``--recipe fast``, and each technique's step cost.
 
-    python3 -m bench.digits_recipes [--epochs 8] [--seeds 1 2 3] [--arch resnet18] [--size 32] [-b 64]
+    python3 -m bench.digits_recipes [--epochs 8] [--seeds 1 2 3] [--arch resnet18] [--size 96] [-b 64]
                                     [--threads 1] [--workers 1] [--steps 12] [--rounds 2]
                                     [--only accuracy|techniques] [--fast-flags "FLAGS"] [--work-dir DIR]
                                     [--json FILE] [--smoke] [--data DIR]
@@ -18,9 +18,10 @@ Accuracy: for each seed, main.py trains the same model with the same batch twice
 ``examples``, pytorch/examples' recipe as this trainer runs it without --recipe (SGD, momentum 0.9, weight decay
 1e-4, lr 0.1 x batch / 256, the step schedule: x0.1 every 30 epochs) for 2 x --epochs epochs, and ``fast``,
 ``--recipe fast`` for --epochs epochs. The two alternate, and which goes first alternates from seed to seed, so
-that a busy machine slows both alike. Both train at --train-crop-size --size; ``examples`` validates at
---val-crop-size --size after --val-resize-size --size x 256 / 224, ``fast`` at the sizes the recipe scales to the
-training size (--val-crop-size --size x 256 / 224; without the resolution ramp, which it drops at a size given).
+that a busy machine slows both alike. Both are given --train-crop-size --size: ``examples`` trains at that size
+throughout and validates at --val-crop-size --size after --val-resize-size --size x 256 / 224; ``fast`` takes it
+as the last size of its resolution ramp (from the multiple of 32 at or below FFCV's 160/192 of it: 64 px for 96)
+and validates at the size the recipe scales to it (under 128 px the size itself).
 Every run has OMP_NUM_THREADS=--threads and -j --workers: on a small machine shared with other work one compute
 thread per process is much less exposed to the others than threads that wait for each other.
 
@@ -40,10 +41,10 @@ technique's cost is its median step time (summary.json's train_step_time_ms) div
 ``--val-tta flip`` costs at validation, so its row compares validation batch times (the Test lines' times,
 batches after the first). ``--model-ema`` updates its average every 32 steps (--model-ema-steps' default): its
 run updates it every step, and the row for every 32 steps is derived from it (1 + (ratio - 1) / 32). The resolution
-ramp's row is the plain step at each of the sizes of FFCV's ramp (160 to 192 px, its epochs for --epochs epochs)
-scaled to --size, averaged over the epochs. ``fast (all)`` is ``--recipe fast``'s own step.
+ramp's row is the plain step at each epoch's size of the ramp that ``--recipe fast --train-crop-size --size``
+trains for --epochs epochs, averaged over the epochs. ``fast (all)`` is ``--recipe fast``'s own step at --size.
 
---smoke: the smallest run of every part (one seed, 1 and 2 epochs of 4 steps at 32 px; one round of 6-step
+--smoke: the smallest run of every part (one seed, 1 and 2 epochs of 4 steps at 64 px; one round of 6-step
 runs of the plain step, model-ema, val-tta, the ramp's sizes and fast) that checks the bench works; its figures
 mean nothing.
 """
@@ -69,7 +70,6 @@ FPS_WARMUP = 4  # steps of each technique run left out of its step time
 SMOKE_ROWS = ("plain", "model-ema, every step", "val-tta flip", "fast (all)")
 EMA_STEPS = 32  # --model-ema-steps' default
 FFCV_RECIPE = "resnet18_ffcv_16"  # what --recipe fast takes its values from for a resnet18
-FFCV_MIN_RES, FFCV_MAX_RES = 160, 192  # its resolution ramp
 CONFIG_KEYS = ("lr", "epochs", "lr_schedule", "lr_peak_epoch", "warmup_epochs", "label_smoothing", "weight_decay",
                "norm_weight_decay", "momentum", "optimizer", "model_ema", "channels_last", "min_res", "max_res",
                "start_ramp", "end_ramp", "val_tta", "blurpool", "train_crop_size", "val_resize_size", "val_crop_size")
@@ -206,7 +206,8 @@ def techniques(a, data, work, log):
     for size in sorted(set(ramp)):
         if size != a.size:
             variants.append(("plain at {} px".format(size), ["--no-channels-last", "--train-crop-size", size]))
-    variants.append(("fast (all)", ["--recipe", "fast", "--train-crop-size", a.size]))
+    # the recipe's step at --size (a 1-epoch run of --train-crop-size --size would train at the ramp's low size)
+    variants.append(("fast (all)", ["--recipe", "fast", "--min-res", a.size, "--max-res", a.size]))
     if a.smoke:
         variants = [v for v in variants if v[0] in SMOKE_ROWS or v[0].startswith("plain at ")]
     times = {name: [] for name, _ in variants}
@@ -238,13 +239,15 @@ def techniques(a, data, work, log):
 
 
 def ramp_sizes(size, epochs):
-    """The training size of each of ``epochs`` epochs under FFCV's resolution ramp (min_res 160, max_res 192 and
-    its ramp epochs for ``epochs``, rounded to multiples of 32 at that scale) scaled to a largest size of ``size``:
-    the ramp ``--recipe fast`` runs at ImageNet's scale (at a --train-crop-size given it trains at that size)."""
+    """The training size of each of ``epochs`` epochs of ``--recipe fast --train-crop-size size --epochs epochs``:
+    the recipe's ramp up to ``size`` (trainer/recipes.py, ffcv_sizes and ffcv_ramp), or ``size`` throughout where
+    it has none."""
     from trainer.data.resolution import ResolutionSchedule
-    start, end = recipes.ffcv_ramp(epochs)
-    schedule = ResolutionSchedule(FFCV_MIN_RES, FFCV_MAX_RES, start, end)
-    return [int(round(schedule(e) * size / float(FFCV_MAX_RES))) for e in range(epochs)]
+    sizes = recipes.ffcv_sizes(size, recipes.get(FFCV_RECIPE))
+    if sizes is None:
+        return [size] * epochs
+    schedule = ResolutionSchedule(sizes[0], sizes[1], *recipes.ffcv_ramp(epochs))
+    return [schedule(e) for e in range(epochs)]
 
 
 def fmt(x, spec="{:.2f}"):
@@ -282,7 +285,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=8, help="fast's epochs; examples trains twice as many")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("-a", "--arch", default="resnet18")
-    p.add_argument("--size", type=int, default=32, help="image size of the data set and the training crop")
+    p.add_argument("--size", type=int, default=96, help="image size of the data set and the training crop")
     p.add_argument("-b", "--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every run")
     p.add_argument("--workers", type=int, default=1, help="-j of every run")
@@ -298,7 +301,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     a.extra = []
     if a.smoke:
-        a.epochs, a.seeds, a.size, a.steps, a.rounds = 1, a.seeds[:1], 32, FPS_WARMUP + 2, 1
+        a.epochs, a.seeds, a.size, a.steps, a.rounds = 1, a.seeds[:1], 64, FPS_WARMUP + 2, 1
         a.extra, a.workers = ["--max-steps-per-epoch", 4], 0
     for name in ("epochs", "size", "batch_size", "rounds", "threads"):
         if getattr(a, name) < 1:

@@ -90,7 +90,7 @@ def test_bench_smoke(tmp_path):
     args = [PY, "-m", "bench.digits_recipes", "--smoke", "--work-dir", str(work), "--json", str(tmp_path / "r.json")]
     if not HAVE_SKLEARN:
         data = str(tmp_path / "scans")
-        make_dataset.write_digits(data, *scans([40] * 10), size=32)  # 80 val images: two batches of 64
+        make_dataset.write_digits(data, *scans([40] * 10), size=64)  # 80 val images: two batches of 64
         args += ["--data", data]
     env = dict(os.environ, OMP_NUM_THREADS=THREADS)
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=380)
@@ -113,6 +113,6 @@ def test_bench_smoke(tmp_path):
     assert rows["plain"]["ratio"] == 1.0
     assert rows["val-tta flip"]["val_ratio"] > 0
     (ramp,) = [name for name in rows if name.startswith("resolution ramp")]
-    assert rows[ramp]["sizes"] == [27]  # one epoch: FFCV's 160 of 192 px, scaled to 32
-    assert rows[ramp]["ratio"] == rows["plain at 27 px"]["ratio"]
+    assert rows[ramp]["sizes"] == [32]  # one epoch of the recipe at 64 px: the ramp's low size, 32 px
+    assert rows[ramp]["ratio"] == rows["plain at 32 px"]["ratio"]
     assert "| plain |" in proc.stdout and "median over seeds" in proc.stdout

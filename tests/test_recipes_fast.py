@@ -121,10 +121,21 @@ def test_flags_given_win_over_the_recipe():
     assert "--max-res 192" in line and "--end-ramp 13" in line
 
 
-def test_a_train_crop_size_given_keeps_the_size_and_scales_the_test_size():
+def test_a_train_crop_size_given_ends_the_ramp_and_scales_the_test_size():
+    # the ramp rises to the size given from the multiple of 32 at or below FFCV's 160/192 of it
     p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "16", "--train-crop-size", "160")
-    assert p.data.train_crop_size == 160 and p.data.min_res is None  # no schedule: the size given throughout
+    assert (p.data.min_res, p.data.max_res, p.data.start_ramp, p.data.end_ramp) == (128, 160, 11, 13)
+    assert not any("is not used" in n for n in p.notes)  # the schedule is kept, not dropped with a note
     assert (p.data.val_crop_size, p.data.val_resize_size) == (183, 209)  # round(256 x 160/224), then / (224/256)
+    p = planned("--recipe", "fast", "-a", "resnet50", "--epochs", "24", "--train-crop-size", "192")
+    assert (p.data.min_res, p.data.max_res, p.data.start_ramp, p.data.end_ramp) == (160, 192, 17, 20)  # FFCV's own
+    p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "8", "--train-crop-size", "64")
+    assert (p.data.min_res, p.data.max_res, p.data.start_ramp, p.data.end_ramp) == (32, 64, 5, 6)
+    assert (p.data.val_crop_size, p.data.val_resize_size) == (64, 73)  # under 128 px: the last training size
+    # no multiple of 32 at or below 160/192 of 32 (or a size not a multiple of 32): that size throughout
+    for size in ("32", "40"):
+        p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "8", "--train-crop-size", size)
+        assert p.data.min_res is None and p.data.train_crop_size == int(size)
     p = planned("--recipe", "fast", "-a", "resnet18", "--train-crop-size", "128")
     assert (p.data.val_crop_size, p.data.val_resize_size) == (146, 167)
     # below 128 px the test size is the training size (the resize at the crop ratio as ever)

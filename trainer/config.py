@@ -332,7 +332,8 @@ def _flag(dest):
 def _resolution(ns, explicit):
     """The training sizes: (train_crop_size, (min_res, max_res, start_ramp, end_ramp) or Nones, notes).
     --train-crop-size alone is the fixed size. The schedule's four flags go together; given on the command line
-    beside --train-crop-size they contradict it; a recipe's schedule yields to a --train-crop-size given."""
+    beside --train-crop-size they contradict it; a recipe's schedule yields to a --train-crop-size given, unless
+    it ends at that size (``--recipe fast``'s ramp scaled to it: trainer/recipes.py)."""
     asked = [d for d in RESOLUTION if getattr(ns, d) is not None]
     none = (None, None, None, None)
     if not asked:
@@ -342,9 +343,10 @@ def _resolution(ns, explicit):
         if typed:
             raise UsageError("--train-crop-size {} and {} contradict each other: the resolution schedule sets the "
                              "training size; give one".format(ns.train_crop_size, _flag(typed[0])))
-        return ns.train_crop_size, none, ("--train-crop-size {} given: training stays at that size; the recipe's "
-                                          "resolution schedule ({}) is not used".format(
-                                              ns.train_crop_size, ", ".join(_flag(d) for d in asked)),)
+        if ns.max_res != ns.train_crop_size:
+            return ns.train_crop_size, none, (
+                "--train-crop-size {} given: training stays at that size; the recipe's resolution schedule ({}) is "
+                "not used".format(ns.train_crop_size, ", ".join(_flag(d) for d in asked)),)
     for a, b in (("min_res", "max_res"), ("max_res", "min_res")):
         if getattr(ns, a) is None:
             raise UsageError("{} needs {}: the resolution schedule takes --min-res and --max-res (and --start-ramp "

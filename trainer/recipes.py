@@ -15,11 +15,12 @@ Recipes with ``"rule": "ffcv"`` (FFCV's ResNet configurations, ``resnet50_ffcv_1
   lr peak      epoch 2, or an eighth of the run when that is sooner (every FFCV configuration: 2)
   ramp         --start-ramp round(3E/4) - 1, --end-ramp round(7E/8) - 1 for E epochs (FFCV's configurations for
                16, 24, 32, 40, 56 and 88 epochs all follow it: 16 -> 11, 13; 88 -> 65, 76)
-  small images a --train-crop-size C given is the training size throughout (the resolution schedule is not set),
-               and the test size scales with it: --val-crop-size round(256 C / 224) (FFCV's 256 for 224-class
-               training) from 128 px on, the training size below (a stride-32 network's last map would grow
-               from 1 x 1 to 2 x 2 at 32 px: measured, a loss of 29 points on the digits); the resize follows
-               (--val-resize-size's default)
+  a size    a --train-crop-size C given is the last training size: the ramp rises to --max-res C from
+               --min-res the largest multiple of 32 at or below FFCV's 160/192 of C (C 192 -> 160, 224 -> 160,
+               64 -> 32); where C is not a multiple of 32, or that is under 32 (C 32), C throughout. The test
+               size scales with C: --val-crop-size round(256 C / 224) (FFCV's 256 for 224-class training) from
+               128 px on, C below (a stride-32 network's last map would grow from 1 x 1 to 2 x 2 at 32 px:
+               measured, a loss of 29 points on the digits); the resize follows (--val-resize-size's default)
   device       --amp where the device computes in half precision (NPU, CUDA); --channels-last on CUDA (elsewhere
                the device's memory format: a CPU's is already NHWC, an NPU's NCHW)
 ``fast`` takes every value from the recipe its -a maps to (``base``: the bottleneck ResNets resnet50_ffcv_16's,
@@ -42,6 +43,7 @@ META = ("rank_size", "source", "rule", "expect", "base")
 SCALED = ("batch_size", "lr", "workers", "warmup_epochs", "epochs")
 # --recipe fast with a --train-crop-size below this: validation at the training size (ffcv_rule)
 SCALED_TEST_FROM = 128
+MULTIPLE = 32  # the resolution schedule's sizes (trainer/data/resolution.py)
 
 
 def _table():
@@ -125,6 +127,16 @@ def ffcv_peak(epochs, peak=2.0):
     return float(min(peak, epochs / 8.0))
 
 
+def ffcv_sizes(crop, recipe):
+    """(min_res, max_res) of the ramp a rule-ffcv ``recipe`` runs up to a --train-crop-size ``crop`` given: FFCV's
+    min_res / max_res of it, down to a multiple of 32; None where that leaves no ramp (``crop`` not a multiple of
+    32, or the low size under 32)."""
+    low = int(crop * recipe["min_res"] // recipe["max_res"]) // MULTIPLE * MULTIPLE
+    if crop % MULTIPLE or low < MULTIPLE or low >= crop:
+        return None
+    return low, crop
+
+
 def ffcv_rule(recipe, values, given):
     """``values`` (a rule-ffcv recipe's, scaled) placed for the run: the LR peak and the resolution ramp for its
     epochs, the sizes for a --train-crop-size given."""
@@ -135,8 +147,12 @@ def ffcv_rule(recipe, values, given):
         values["start_ramp"], values["end_ramp"] = ffcv_ramp(epochs)
     if "train_crop_size" in given:
         crop = int(given["train_crop_size"])
-        for dest in ("min_res", "max_res", "start_ramp", "end_ramp"):
-            values.pop(dest, None)
+        sizes = ffcv_sizes(crop, recipe)
+        if sizes is None:
+            for dest in ("min_res", "max_res", "start_ramp", "end_ramp"):
+                values.pop(dest, None)
+        else:  # the ramp scaled to end at the size given (trainer/config.py keeps a recipe's schedule ending there)
+            values["min_res"], values["max_res"] = sizes
         # FFCV's higher test size scaled with the training size; below SCALED_TEST_FROM px (a stride-32 network's
         # last map under 4 x 4) the test size is the training size: on the digits at 32 px a model validated at
         # 37 px scored 62.4 % Acc@1, at 32 px 91.4 % (docs/BENCHMARKS.md, "Short schedules on real images")
