@@ -155,7 +155,7 @@ def ffcv_rule(recipe, values, given):
             values["min_res"], values["max_res"] = sizes
         # FFCV's higher test size scaled with the training size; below SCALED_TEST_FROM px (a stride-32 network's
         # last map under 4 x 4) the test size is the training size: on the digits at 32 px a model validated at
-        # 37 px scored 62.4 % Acc@1, at 32 px 91.4 % (docs/BENCHMARKS.md, "Short schedules on real images")
+        # 37 px scored 62.4 % Acc@1, at 32 px 91.4 % (docs/BENCHMARKS.md, "Why 96 px")
         values["val_crop_size"] = (int(math.floor(recipe["val_crop_size"] * crop / 224.0 + 0.5))
                                    if crop >= SCALED_TEST_FROM else crop)
     return values
