@@ -217,6 +217,18 @@ def test_fast_trains_to_ok_at_32_px(shapes, tmp_path):
             c["label_smoothing"], c["norm_weight_decay"]) == ("triangular", 0.375, True, "flip", 32, 0.1, 0.0)
 
 
+def test_fast_at_a_size_given_trains_its_ramp_up_to_that_size(shapes, tmp_path):
+    # --train-crop-size 64 for 3 epochs: the ramp from 32 px (epochs 0 and 1) to 64 px (epoch 2), validated at 64
+    proc = _run(shapes, tmp_path, RUN + ["--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "1",
+                                         "--eval-freq", "3", "--train-crop-size", "64"])
+    assert "=> training resolution 32 from epoch 0" in proc.stdout
+    assert "=> training resolution 64 from epoch 2" in proc.stdout
+    s = read_summary(tmp_path)
+    assert s["status"] == "ok"
+    assert s["train_resolutions"] == [{"from_epoch": 0, "size": 32}, {"from_epoch": 2, "size": 64}]
+    assert (s["config"]["min_res"], s["config"]["max_res"], s["config"]["val_crop_size"]) == (32, 64, 64)
+
+
 def test_a_run_resumed_across_the_resolution_change_equals_the_uninterrupted_run(shapes, tmp_path):
     # epochs 0 and 1 at 32 px, epoch 2 at 64 (the recipe's ramp for 3 epochs: 1, 2); resumed after epoch 1
     args = RUN + ["--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "2", "--min-res", "32",
