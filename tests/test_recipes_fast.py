@@ -13,6 +13,7 @@ from conftest import RANKS, SMALL, call, read_metrics, read_summary, run_main
 from modelzoo import acceptance
 from trainer import recipes
 from trainer.config import parse_config
+from trainer.data import resolution
 from trainer.device import torch_load
 from trainer.errors import UsageError
 from trainer.plan import plan
@@ -132,6 +133,7 @@ def test_a_train_crop_size_given_ends_the_ramp_and_scales_the_test_size():
     p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "8", "--train-crop-size", "64")
     assert (p.data.min_res, p.data.max_res, p.data.start_ramp, p.data.end_ramp) == (32, 64, 5, 6)
     assert (p.data.val_crop_size, p.data.val_resize_size) == (64, 73)  # under 128 px: the last training size
+    assert recipes.MULTIPLE == resolution.MULTIPLE  # the recipe's ramp is one the schedule can train
     # no multiple of 32 at or below 160/192 of 32 (or a size not a multiple of 32): that size throughout
     for size in ("32", "40"):
         p = planned("--recipe", "fast", "-a", "resnet18", "--epochs", "8", "--train-crop-size", size)

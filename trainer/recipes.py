@@ -15,7 +15,7 @@ Recipes with ``"rule": "ffcv"`` (FFCV's ResNet configurations, ``resnet50_ffcv_1
   lr peak      epoch 2, or an eighth of the run when that is sooner (every FFCV configuration: 2)
   ramp         --start-ramp round(3E/4) - 1, --end-ramp round(7E/8) - 1 for E epochs (FFCV's configurations for
                16, 24, 32, 40, 56 and 88 epochs all follow it: 16 -> 11, 13; 88 -> 65, 76)
-  a size    a --train-crop-size C given is the last training size: the ramp rises to --max-res C from
+  a size       a --train-crop-size C given is the last training size: the ramp rises to --max-res C from
                --min-res the largest multiple of 32 at or below FFCV's 160/192 of C (C 192 -> 160, 224 -> 160,
                64 -> 32); where C is not a multiple of 32, or that is under 32 (C 32), C throughout. The test
                size scales with C: --val-crop-size round(256 C / 224) (FFCV's 256 for 224-class training) from
@@ -43,7 +43,9 @@ META = ("rank_size", "source", "rule", "expect", "base")
 SCALED = ("batch_size", "lr", "workers", "warmup_epochs", "epochs")
 # --recipe fast with a --train-crop-size below this: validation at the training size (ffcv_rule)
 SCALED_TEST_FROM = 128
-MULTIPLE = 32  # the resolution schedule's sizes (trainer/data/resolution.py)
+# the resolution schedule's sizes: trainer/data/resolution.py's MULTIPLE, repeated here because importing
+# trainer.data imports torch and this module is read before torch is (modelzoo/plan.py)
+MULTIPLE = 32
 
 
 def _table():
