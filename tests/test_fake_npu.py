@@ -447,8 +447,8 @@ def autocast_records_dtype_and_casts_on_the_device():
 def npu_fused_sgd_is_sgd():
     import torch
     import torch_npu
+    model, x = _tiny()  # torch.manual_seed seeds the NPUs too (a manual_seed_all call), as with the real package
     torch_npu.reset_calls()
-    model, x = _tiny()
     ref = torch.nn.Linear(4, 3)
     ref.load_state_dict(model.state_dict())
     opt = torch_npu.optim.NpuFusedSGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)

@@ -1,6 +1,7 @@
 """The fake torch_npu's device double (tests/fake_npu/torch_npu/_double.py): tensors on npu:N held in host memory.
-main.py trains on it as on the CPU, one process and two ranks; a host tensor in a device op fails as on an NPU;
-every copy from the device to the host is counted."""
+main.py trains on it as on the CPU, one process and two ranks, and prints no warning a device does not; a host tensor
+in a device op fails as on an NPU; every op whose result needs the device's data on the host is counted (copies,
+Python scalars, data-dependent output shapes, boolean-mask indexing); a 0-dim tensor formats as on a device."""
 import json
 import os
 import re
@@ -25,14 +26,16 @@ def fake_env(**extra):
     return env
 
 
-def on_double(script, timeout=300):
-    """``script`` in a child process that imported the fake torch_npu; its last stdout line as JSON."""
+def on_double(script, timeout=300, stderr=False):
+    """``script`` in a child process that imported the fake torch_npu; its last stdout line as JSON (and, with
+    ``stderr``, what it wrote there)."""
     env = dict(os.environ, **fake_env())
     env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
     proc = subprocess.run([PY, "-c", "import torch, torch_npu, json\n" + script], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return (out, proc.stderr) if stderr else out
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,6 +62,7 @@ def test_resnet18_trains_on_the_double_as_on_the_cpu(shapes, tmp_path):
         proc = run_main([shapes, "--device", device, "--output-dir", str(out)] + TRAIN + extra,
                         env=fake_env() if device == "npu" else None)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert_quiet(proc)
         runs[name], logs[name] = out, proc.stdout
     assert_same_run(runs["npu"], runs["cpu"], "npu:0")
     assert "=> resnet18 on npu:0 |" in logs["npu"]
@@ -69,6 +73,16 @@ def test_resnet18_trains_on_the_double_as_on_the_cpu(shapes, tmp_path):
     assert (amp["amp"]["enabled"], amp["amp"]["impl"], amp["amp"]["dtype"]) == (True, "native", "float16")
     assert amp["amp"]["final_loss_scale"] == 65536.0 / 2 ** amp["overflow_steps"]
     assert first_loss(logs["amp"]) == pytest.approx(first_loss(logs["npu"]), rel=1e-2)
+
+
+# what torch prints for a device module without seeding, and DDP's logger for a device without a timer: a run on an
+# NPU (torch_npu has both) prints neither
+DEVICE_WARNINGS = ("Set seed for `npu` device does not take effect", "Time stats are currently only collected")
+
+
+def assert_quiet(proc):
+    for line in DEVICE_WARNINGS:
+        assert line not in proc.stdout + proc.stderr, line
 
 
 def first_loss(log):
@@ -85,6 +99,7 @@ def test_two_ranks_on_the_double_match_two_cpu_ranks(shapes, tmp_path):
                          "--device-list", "0,1", "--port", "0", "--dist-timeout", "120"] + TRAIN,
                         env=fake_env(OMP_NUM_THREADS="1") if device == "npu" else {"OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert_quiet(proc)  # DDP's ranks on the device: no time-stats warning either
         runs[device], logs[device] = out, proc.stdout
     assert_same_run(runs["npu"], runs["cpu"], "npu:0")
     assert read_summary(runs["npu"])["world_size"] == 2
@@ -158,3 +173,155 @@ def test_device_to_host_copies_are_counted():
     assert [seen[s] - seen["start"] for s in steps] == [0, 0, 1, 2, 3, 4, 5, 6, 6]
     assert out["ops"] == {"item": 2, "to_cpu": 2, "tolist": 1, "copy_to_host": 1}
     assert out["values"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and out["dev"] == "npu:0"
+
+
+# Each case run on the device and on the host: the reads the double counted (by kind) on the device, and whether the
+# device gave the host's value (a tensor: on the device, with the host's values).
+READS = """
+def same(a, b):
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return a.device.type == "npu" and torch.equal(a.cpu(), b)
+    return type(a) is type(b) and a == b
+
+
+def attempt(f, tensors):
+    try:
+        return f(**tensors)
+    except TypeError as exc:
+        return "TypeError"
+
+
+def reads(cases, **host):
+    device = {k: v.to("npu:0") for k, v in host.items()}
+    out = {}
+    for name, f in cases:
+        before = dict(torch_npu.d2h_ops)
+        got = attempt(f, device)
+        counted = {k: n - before.get(k, 0) for k, n in torch_npu.d2h_ops.items() if n != before.get(k, 0)}
+        out[name] = [counted, same(got, attempt(f, host))]
+    return out
+
+
+x = torch.arange(6, dtype=torch.float32)
+"""
+
+SCALARS = READS + """
+print(json.dumps(reads([
+    ("item", lambda x: x[1].item()), ("float", lambda x: float(x[1])), ("int", lambda x: int(x[3])),
+    ("bool", lambda x: bool(x[0])), ("is_nonzero", lambda x: x[2].is_nonzero()), ("in", lambda x: 3.0 in x),
+    ("index", lambda x: "abcdef"[x.long()[4]]), ("if", lambda x: "yes" if (x > 4).any() else "no"),
+    ("equal", lambda x: torch.equal(x, x * 1)), ("allclose", lambda x: torch.allclose(x, x + 1e-9)),
+    ("tolist", lambda x: x.tolist()),
+    ("on_device", lambda x: ((x * 2).sum() > 3).any()),
+], x=x)))
+"""
+
+
+def test_python_scalars_read_from_the_device_are_counted():
+    out = on_double(SCALARS)
+    scalar = {"item": 1}  # each of these ends in aten::_local_scalar_dense, torch's read of one value
+    want = {"item": scalar, "float": scalar, "int": scalar, "bool": scalar, "is_nonzero": scalar, "in": scalar,
+            "index": scalar, "if": scalar, "equal": {"equal": 1}, "allclose": {"allclose": 1},
+            "tolist": {"tolist": 1}, "on_device": {}}
+    assert {name: counted for name, (counted, _) in out.items()} == want
+    assert all(same for _, same in out.values()), out
+
+
+SHAPES = READS + """
+print(json.dumps(reads([
+    ("nonzero", lambda x: (x > 2).nonzero()), ("where", lambda x: torch.where(x > 2)),
+    ("argwhere", lambda x: torch.argwhere(x > 2)), ("masked_select", lambda x: x.masked_select(x > 2)),
+    ("unique", lambda x: (x % 3).unique()), ("unique_counts", lambda x: (x % 3).unique(return_counts=True)),
+    ("unique_consecutive", lambda x: (x // 2).unique_consecutive()), ("bincount", lambda x: x.long().bincount()),
+    ("repeat_interleave", lambda x: torch.repeat_interleave(x.long() % 3)),
+    # the shape known without the data: no read
+    ("repeat_interleave_sized", lambda x: torch.repeat_interleave(x.long() % 3, output_size=6)),
+    ("same_shape", lambda x: (torch.where(x > 2, x, 0.0), x.masked_fill(x > 2, 0.0), (x > 2).any(), x.sort()[1])),
+], x=x)))
+"""
+
+
+def test_ops_with_data_dependent_output_shapes_are_counted():
+    out = on_double(SHAPES)
+    want = {"nonzero": {"nonzero": 1}, "where": {"nonzero": 1}, "argwhere": {"nonzero": 1},
+            "masked_select": {"masked_select": 1}, "unique": {"unique": 1}, "unique_counts": {"unique": 1},
+            "unique_consecutive": {"unique_consecutive": 1}, "bincount": {"bincount": 1},
+            "repeat_interleave": {"repeat_interleave": 1}, "repeat_interleave_sized": {}, "same_shape": {}}
+    assert {name: counted for name, (counted, _) in out.items()} == want
+    assert all(same for _, same in out.values()), out
+
+
+MASKS = READS + """
+def put(x, mask, value):
+    y = x.clone()
+    y[mask] = value
+    return y
+
+
+print(json.dumps(reads([
+    ("loss[mask]", lambda x: x[x > 2]), ("rows[mask]", lambda x: x.view(3, 2)[x.view(3, 2)[:, 0] > 1]),
+    ("mask = tensor", lambda x: put(x, x > 2, torch.full_like(x[:3], 7.0))),
+    ("mask = number", lambda x: put(x, x > 2, 7.0)),
+    # integer indices, and a host scalar through a mask (torch's index_put makes it masked_fill_): no read
+    ("integer index", lambda x: x[x.long()[1:4:2]]), ("host index", lambda x: x[torch.tensor([0, 5])]),
+    ("mask = host scalar", lambda x: put(x, x > 2, torch.tensor(7.0))),
+], x=x)))
+"""
+
+
+def test_boolean_mask_indexing_is_counted():
+    out = on_double(MASKS)
+    want = {"loss[mask]": {"index": 1}, "rows[mask]": {"index": 1}, "mask = tensor": {"index_put": 1},
+            "mask = number": {"index_put": 1}, "integer index": {}, "host index": {}, "mask = host scalar": {}}
+    assert {name: counted for name, (counted, _) in out.items()} == want
+    assert all(same for _, same in out.values()), out
+
+
+FORMATS = READS + """
+print(json.dumps(reads([
+    ("f'{loss:.3f}'", lambda x: f"{x.mean():.3f}"), ("f'{lr:>10.2e}'", lambda x: f"{x[1] / 3:>10.2e}"),
+    ("f'{n:d}'", lambda x: f"{x.long().sum():d}"), ("format(t)", lambda x: format(x[2])),
+    ("'{:.1%}'.format", lambda x: "{:.1%}".format(x[1] / 4)),
+    ("1-dim: TypeError", lambda x: f"{x:.3f}"),
+], x=x)))
+"""
+
+
+def test_a_0dim_device_tensor_formats_its_number():
+    out = on_double(FORMATS)
+    counted = {name: counted for name, (counted, _) in out.items()}
+    assert counted.pop("1-dim: TypeError") == {}  # as torch's own tensors: only a 0-dim tensor has a number format
+    assert counted == {name: {"item": 1} for name in counted}  # Tensor.__format__ reads the number: one read
+    assert all(same for _, same in out.values()), out
+
+
+QUIET = """
+import os, tempfile, warnings
+import torch.distributed as dist
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    torch.manual_seed(3)
+first = torch.randn(4, device="npu:0")
+torch.manual_seed(3)
+again = torch.randn(4, device="npu:0")
+dist.init_process_group("hccl", init_method="file://" + os.path.join(tempfile.mkdtemp(), "store"), rank=0,
+                        world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2).to("npu:0"), device_ids=[0])
+for _ in range(3):
+    model(torch.randn(3, 4).to("npu:0")).sum().backward()
+dist.destroy_process_group()
+print(json.dumps({"warnings": [str(w.message) for w in caught], "same": torch.equal(first, again),
+                  "seeded": [list(c) for c in torch_npu.calls if c[0] == "manual_seed_all"]}))
+"""
+
+
+def test_seeding_and_ddp_on_the_double_print_nothing_a_device_does_not():
+    """torch.manual_seed seeds the device through torch_npu's _is_in_bad_fork and manual_seed_all, and DDP's logger
+    finds a timer for the device (torch_npu registers one): neither warns, as on an NPU."""
+    out, stderr = on_double(QUIET, stderr=True)
+    assert out["warnings"] == [] and out["same"] is True
+    assert out["seeded"] == [["manual_seed_all", 3], ["manual_seed_all", 3]]
+    for line in DEVICE_WARNINGS:
+        assert line not in stderr, stderr[-2000:]

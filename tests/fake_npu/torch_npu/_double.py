@@ -11,15 +11,20 @@ renamed "npu" as torch_npu does) whose data is a host tensor; every op on them r
 * As on an NPU: an op with a device tensor and a host tensor that is not a 0-dim scalar, or with tensors of two
   NPUs, raises torch's "Expected all tensors to be on the same device" error (copies between the devices excepted,
   and host index tensors of indexing ops, which torch's accelerators accept).
-* Every copy from the device to the host is counted in ``torch_npu.d2h_copies`` (by op in ``torch_npu.d2h_ops``):
-  ``.cpu()`` / ``.to("cpu")``, a host tensor's ``copy_`` from the device, ``.item()`` (and ``float()``, ``bool()``),
-  ``.tolist()``, ``torch.equal``, printing, pickling.
+* Every op whose result needs the device's data on the host is counted in ``torch_npu.d2h_copies`` (by kind in
+  ``torch_npu.d2h_ops``), as each waits for the device's queue: the copies (``.cpu()`` / ``.to("cpu")``, a host
+  tensor's ``copy_`` from the device, printing, pickling, ``.tolist()``); the ops torch tags as giving a Python scalar
+  (``.item()`` and with it ``float()``, ``int()``, ``bool()``, ``is_nonzero``, ``f"{t:.3f}"`` of a 0-dim tensor,
+  ``torch.allclose``; ``torch.equal``) or an output shape that depends on the data (``nonzero``, ``masked_select``,
+  ``unique``, ``bincount``, ``repeat_interleave`` without ``output_size``, ...), and indexing with a boolean mask
+  (``loss[mask]``, ``t[mask] = v`` for a tensor ``v``: the device turns the mask into indices with ``nonzero``).
 * ``torch.save`` writes a device tensor as its host copy, so a checkpoint loads as CPU tensors anywhere.
 * Collectives (``c10d`` ops) run on the held host tensors: the fake "hccl" process group is Gloo's.
-* A PrivateUse1 device guard (and, on torch >= 2.3, PrivateUse1 hooks with a pinned-memory allocator) come from
-  ``_double_native.cpp``, built with ``torch.utils.cpp_extension`` at the first import under a torch release and
-  kept in ``$FAKE_NPU_BUILD_DIR`` (default ``<tmp>/fake_npu_native-<uid>``). Without a C++ compiler the double is
-  off (``unavailable`` says why) and tensors cannot move to the fake device.
+* A PrivateUse1 device guard, DDP's timer for the device (torch_npu registers one; without it DDP warns that time
+  stats are only collected for CPU and CUDA) and, on torch >= 2.3, PrivateUse1 hooks with a pinned-memory allocator
+  come from ``_double_native.cpp``, built with ``torch.utils.cpp_extension`` at the first import under a torch
+  release and kept in ``$FAKE_NPU_BUILD_DIR`` (default ``<tmp>/fake_npu_native-<uid>``). Without a C++ compiler the
+  double is off (``unavailable`` says why) and tensors cannot move to the fake device.
 * Autocast is the device's own (``torch.autocast("npu")``, AutocastPrivateUse1 kernels from ``_double_native.cpp``):
   torch_npu.npu.amp.autocast casts device tensors; the host's (CPU) autocast never reaches the held tensors.
   float16 convolutions and matrix products run on float32 copies and give float16 (Ascend's cube unit accumulates
@@ -31,6 +36,7 @@ renamed "npu" as torch_npu does) whose data is a host tensor; every op on them r
 
 import atexit
 import collections
+import copy
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -43,7 +49,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 import torch_npu
-from torch_npu import _release
+from torch_npu import _faults, _release
 
 unavailable = None  # why the double is off (no C++ compiler, a failed build), else None
 _native = None
@@ -67,6 +73,19 @@ for _name in ("size", "sym_size", "stride", "sym_stride", "numel", "sym_numel", 
 # ops whose index tensors may stay on the host (as CUDA's indexing accepts)
 _HOST_INDICES = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default,
                  aten._index_put_impl_.default}
+
+# Ops whose result needs the device's data on the host (each waits for the device's queue): those torch itself tags
+# as giving a Python scalar read from a tensor (data_dependent_output: _local_scalar_dense, which .item(), float(),
+# bool(), int(), is_nonzero and allclose end in; equal) or an output whose shape depends on the data
+# (dynamic_output_shape: nonzero, masked_select, unique, bincount, ...). As torch's FakeTensor reads the same tags,
+# indexing counts only with a boolean (or uint8) mask, which the device turns into indices with nonzero (index_put
+# too, untagged), and repeat_interleave only without its output_size. The kind counted: the op's name.
+_READ_TAGS = tuple(getattr(torch.Tag, name) for name in ("data_dependent_output", "dynamic_output_shape")
+                   if hasattr(torch.Tag, name))
+_KIND_OF = {"_local_scalar_dense": "item", "_unique": "unique", "_unique2": "unique", "index_put_": "index_put",
+            "_index_put_impl_": "index_put"}
+_READS = {}  # op -> the kind its host read is counted as ("" for none), filled as ops come
+_REPEAT_INTERLEAVE = getattr(getattr(aten, "repeat_interleave", None), "Tensor", None)
 
 # Ascend kernels take int32 targets and indices (the porting guide casts targets to int32) where torch's CPU kernels
 # want int64: the position of such an argument, cast to int64 on the host before the CPU kernel runs.
@@ -97,6 +116,30 @@ def _count_d2h(op):
     torch_npu.d2h_ops[op] += 1
 
 
+def _host_read(func, args, kwargs):
+    """The kind of ``func``'s read of the device's data on the host (_READS), or None where the call reads none."""
+    kind = _READS.get(func)
+    if kind is None:
+        name = func.overloadpacket.__name__
+        read = func in _HOST_INDICES or any(tag in func.tags for tag in _READ_TAGS)
+        kind = _READS[func] = _KIND_OF.get(name, name) if read else ""
+    if not kind:
+        return None
+    if func in _HOST_INDICES:  # a mask, not integer indices
+        masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+        if not masks:
+            return None
+        # ``t[mask] = 0.0``: one mask on the device and a one-element host value, which torch's index_put turns
+        # into masked_fill_ (canDispatchToMaskedFill), no read
+        if func is not aten.index.Tensor and len(masks) == len([i for i in args[1] if i is not None]) == 1 \
+                and isinstance(masks[0], NpuTensor) and args[2].numel() == 1 and not isinstance(args[2], NpuTensor) \
+                and args[2].device.type == "cpu":
+            return None
+    elif func is _REPEAT_INTERLEAVE and kwargs.get("output_size") is not None:
+        return None
+    return kind
+
+
 class NpuTensor(torch.Tensor):
     """A tensor on ``npu:N`` whose data is the host tensor ``_data``."""
 
@@ -124,6 +167,35 @@ class NpuTensor(torch.Tensor):
     def tolist(self):
         _count_d2h("tolist")
         return self._data.tolist()
+
+    def data_ptr(self):
+        """The held tensor's address (a device tensor has one: tools such as msprobe skip tensors without)."""
+        return self._data.data_ptr()
+
+    def __deepcopy__(self, memo):
+        # torch's Tensor.__deepcopy__ copies the storage of a subclass whose data_ptr() is not 0, and this wrapper's
+        # storage is empty (its data is the held tensor): a clone, as torch copies the other wrapper subclasses, with
+        # the grad flag, the gradient and the attributes (a parameter's ``_is_param``; not torch's cached strides,
+        # ``_sym_strides_capsule``, which it makes again) copied too
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        new.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        for name, value in self.__dict__.items():
+            if name != "_data" and not name.startswith("_sym_"):
+                setattr(new, name, copy.deepcopy(value, memo))
+        memo[id(self)] = new
+        return new
+
+    def __format__(self, format_spec):
+        # torch's Tensor.__format__ formats a 0-dim tensor's number (its item: one read) for plain tensors only, and
+        # a device's tensors are plain tensors there
+        if self.dim() == 0:
+            return self.detach().item().__format__(format_spec)
+        return object.__format__(self, format_spec)
 
     def numpy(self, *args, **kwargs):
         raise TypeError("can't convert {} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host "
@@ -164,10 +236,10 @@ class NpuTensor(torch.Tensor):
             _count_d2h("copy_to_host")
         elif func is aten._copy_from.default and not isinstance(args[1], NpuTensor):
             _count_d2h("copy_to_host")
-        elif func is aten._local_scalar_dense.default:
-            _count_d2h("item")
-        elif func is aten.equal.default:
-            _count_d2h("equal")
+        else:
+            read = _host_read(func, args, kwargs)
+            if read is not None:
+                _count_d2h(read)
         given = {}
 
         def unwrap(t):
@@ -197,6 +269,7 @@ class NpuTensor(torch.Tensor):
                     result = _in_float32(func, host_args, host_kwargs)
         if out_device is not None and out_device.type != "npu":
             return result
+        result = _faults.corrupt(func, result)
 
         def wrap(t):
             if not isinstance(t, torch.Tensor):

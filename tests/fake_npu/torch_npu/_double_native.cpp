@@ -14,6 +14,10 @@
 //   torch has them as lists (AT_FORALL_LOWER_PRECISION_FP, ...), else the matrix products and convolutions in the
 //   lower precision and the losses and softmaxes in float32; torch 2.1 also gets the autocast state functions that
 //   torch.autocast asks the device module for.
+// * DDP's timer for the device (c10d::TimerRegistry), as torch_npu registers its NpuTimer: without one DDP's logger
+//   warns "Time stats are currently only collected for CPU and CUDA devices" on every rank. Like torch_npu's, it
+//   measures only under TORCH_DISTRIBUTED_DEBUG=DETAIL; the host's timestamps are the device's (one in-order host
+//   "stream").
 // * settle_autograd_threads, run at exit (below).
 #include <atomic>
 #include <chrono>
@@ -21,6 +25,8 @@
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/debug.h>
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 #include <torch/extension.h>
 #include <torch/version.h>
 
@@ -28,6 +34,32 @@
 #define FAKE_NPU_HOOKS 1
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #endif
+
+// DDP's timer for the device (registered in c10d, as torch_npu registers its own)
+namespace c10d {
+namespace {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+using TimeDifference = std::optional<int64_t>;
+#else
+using TimeDifference = c10::optional<int64_t>;
+#endif
+
+struct NpuTimer final : public c10d::Timer {
+  explicit NpuTimer(c10::Device) {}
+  TimeDifference measureDifference(Event start, Event end) override {
+    if (c10d::debug_level() != c10d::DebugLevel::Detail) return TimeDifference();
+    auto start_time = getTimestamp(start);
+    auto end_time = getTimestamp(end);
+    if (!start_time || !end_time || *end_time < *start_time) return TimeDifference();
+    return TimeDifference(*end_time - *start_time);
+  }
+};
+
+C10_REGISTER_TYPED_CLASS(TimerRegistry, c10::kPrivateUse1, NpuTimer);
+
+}  // namespace
+}  // namespace c10d
 
 namespace {
 

@@ -221,6 +221,14 @@ def _idx_of(device):
     return _get_device_index(device, optional=True)
 
 
+def _is_in_bad_fork():
+    """False: the fake's device state survives a fork. torch.manual_seed and torch.seed seed the device through this
+    and ``manual_seed_all`` (torch.random._seed_custom_device; without them torch warns "Set seed for `npu` device
+    does not take effect"); the real package's npu/__init__.py has it as
+    ``getattr(torch_npu._C, "_npu_isInBadFork", lambda: False)``."""
+    return False
+
+
 def manual_seed(seed):
     seed = int(seed)
     _rec("manual_seed", seed)
