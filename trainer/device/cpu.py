@@ -22,6 +22,8 @@ class CpuDevice(Device):
     measures_amp_dtype = True
     non_blocking = False
     binds_host_cores = False  # a CPU run binds nothing unless asked (--cpu-binding on)
+    # several ranks of a node split its cores' compute threads (torch.set_num_threads), bound or not
+    computes_on_host_cores = True
     # the device backend crops image by image (torch's uint8 resize) rather than in one batched roi_align per
     # batch, which pays on accelerators (launches) and not on a CPU
     crops_per_image = True
