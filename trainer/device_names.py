@@ -7,6 +7,7 @@ bad value answer at once; trainer/device/__init__.py re-exports every name and h
 KINDS = ("npu", "cuda", "cpu")
 
 KIND_ALIASES = {"gpu": "cuda"}  # the Ascend guide's parser: --device "npu or gpu"
+HOST_KIND = "cpu"  # the kind without an accelerator: pytorch/examples' --no-accel
 
 # --data-backend: where JPEGs are decoded and augmented: in the CPU data-loader workers, or on the device
 HOST_DECODE, DEVICE_DECODE = "cpu", "gpu"
@@ -23,3 +24,9 @@ CHANNELS_LAST_KINDS = ("cuda",)
 def canonical_kind(name):
     """``gpu`` -> ``cuda``; other names unchanged."""
     return KIND_ALIASES.get(name, name)
+
+
+def without_accelerator(device):
+    """--no-accel beside ``--device``: the host kind, or None where ``device`` names an accelerator (the two
+    contradict each other)."""
+    return HOST_KIND if device in ("auto", HOST_KIND) else None

@@ -15,27 +15,44 @@ The rules and their reasons: docs/DESIGN.md.
 A backend is one entry of BACKENDS: ``loaders(spec, device, train_samples, val_samples)`` -> (train loader or
 None, validation loader).
 """
+import importlib
 import os
 
-from trainer.data import device_backend, host
-from trainer.data.folders import (IMG_EXTENSIONS, _is_tiny_imagenet_val, check_data_root, find_classes,
-                                  scan_train, scan_val)
-from trainer.data.host import ImageDataset, PaddedEvalDataset, channels_last_collate
-from trainer.data.images import (_PIL_SIMD, BadImageError, Box, crop_resize, load_rgb, open_image, pil_to_chw,
-                                 pil_to_hwc, pillow_simd, read_bytes, rgb, sample_rng, sample_seed,
-                                 tensor_crop_resize, torch_resize, transformed)
+from trainer.data.folders import (IMG_EXTENSIONS, _is_tiny_imagenet_val, check_data_root, check_layout,
+                                  count_train, find_classes, scan_train, scan_val)
 from trainer.data.resolution import ResolutionSchedule, schedule_of, train_size
-from trainer.data.samplers import EpochSampler, ShardSampler, dataloader, padded_length
 from trainer.data.spec import DataInfo, LoaderSpec, Sampling
-from trainer.data.synthetic import DUMMY_TRAIN_IMAGES, DUMMY_VAL_IMAGES, SyntheticLoader, build_dummy
-from trainer.data.transforms import (MEAN, STD, Normalizer, TrainCrop, ValCrop, _draft, center_region,
-                                     resized_center, train_transform, val_transform)
-from trainer.device import DEVICE_DECODE, HOST_DECODE
+from trainer.device_names import DEVICE_DECODE, HOST_DECODE
 from trainer.errors import DataError
 
+# The parts that import torch are imported at their first use (a module __getattr__, PEP 562): the checks of a
+# data set's folders (folders.py) answer before torch is imported (trainer/inputs.py).
+_TORCH_PARTS = {
+    "host": ("ImageDataset", "PaddedEvalDataset", "channels_last_collate"),
+    "images": ("_PIL_SIMD", "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw",
+               "pil_to_hwc", "pillow_simd", "read_bytes", "rgb", "sample_rng", "sample_seed", "tensor_crop_resize",
+               "torch_resize", "transformed"),
+    "samplers": ("EpochSampler", "ShardSampler", "dataloader", "padded_length"),
+    "synthetic": ("DUMMY_TRAIN_IMAGES", "DUMMY_VAL_IMAGES", "SyntheticLoader", "build_dummy"),
+    "transforms": ("MEAN", "STD", "Normalizer", "TrainCrop", "ValCrop", "_draft", "center_region", "resized_center",
+                   "train_transform", "val_transform"),
+    "device_backend": (),
+}
+_FROM = {name: module for module, names in _TORCH_PARTS.items() for name in names}
+
+
+def __getattr__(name):
+    if name in _TORCH_PARTS:
+        return importlib.import_module("trainer.data." + name)
+    if name not in _FROM:
+        raise AttributeError("module 'trainer.data' has no attribute '{}'".format(name))
+    value = getattr(importlib.import_module("trainer.data." + _FROM[name]), name)
+    globals()[name] = value
+    return value
+
 __all__ = [
-    "BACKENDS", "build", "class_folders", "resolve_backend", "IMG_EXTENSIONS", "_is_tiny_imagenet_val",
-    "check_data_root",
+    "BACKENDS", "build", "class_folders", "fit_batch", "resolve_backend", "IMG_EXTENSIONS", "_is_tiny_imagenet_val",
+    "check_data_root", "check_layout", "count_train",
     "find_classes", "scan_train", "scan_val", "ImageDataset", "PaddedEvalDataset", "channels_last_collate",
     "_PIL_SIMD", "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw", "pil_to_hwc",
     "pillow_simd", "read_bytes", "rgb", "sample_rng", "sample_seed", "tensor_crop_resize", "torch_resize",
@@ -45,7 +62,15 @@ __all__ = [
     "ResolutionSchedule", "schedule_of", "train_size",
 ]
 
-BACKENDS = {HOST_DECODE: host.loaders, DEVICE_DECODE: device_backend.loaders}
+
+def _loaders(module):
+    """A backend's ``loaders``, its module imported at the first call."""
+    def loaders(spec, device, train_samples, val_samples):
+        return importlib.import_module("trainer.data." + module).loaders(spec, device, train_samples, val_samples)
+    return loaders
+
+
+BACKENDS = {HOST_DECODE: _loaders("host"), DEVICE_DECODE: _loaders("device_backend")}
 
 
 def resolve_backend(requested, device):
@@ -72,6 +97,27 @@ def class_folders(root):
     return find_classes(train_dir if os.path.isdir(train_dir) else os.path.join(root, "val"))
 
 
+def fit_batch(root, batch_size, world_size):
+    """The global batch a training run on the data set in ``root`` takes over ``world_size`` processes: the one
+    asked, or, where train/ holds fewer images than one batch (drop_last would leave no step), the images each
+    process gets (fixed shapes kept: the same batch on every rank, the remainder dropped). Returns (global batch,
+    note or None); fewer images than processes is a DataError."""
+    per_rank = batch_size // world_size
+    held = count_train(os.path.join(root, "train"), class_folders(root), per_rank * world_size)
+    if held >= per_rank * world_size:
+        return batch_size, None
+    if held < world_size:
+        raise DataError("train/ has {} image{}, fewer than the {} processes: each process needs at least one image "
+                        "a step; run fewer processes or add images".format(held, "" if held == 1 else "s",
+                                                                          world_size))
+    lowered = held // world_size
+    return lowered * world_size, (
+        "train/ holds {} image{}, fewer than one batch of {}: the batch is lowered to {} ({} per process x {} "
+        "process{}; shapes stay fixed, the remainder of an epoch is dropped)".format(
+            held, "" if held == 1 else "s", batch_size, lowered * world_size, lowered, world_size,
+            "" if world_size == 1 else "es"))
+
+
 def build(section, device, sampling, need_train=True, channels_last=False, num_classes=None):
     """(train_loader or None, val_loader, DataInfo) from the config's data section (a config.DataConfig) for one
     rank's ``sampling`` (a Sampling: batch, rank, world size, workers, seed); batches stacked channels-last where
@@ -79,6 +125,7 @@ def build(section, device, sampling, need_train=True, channels_last=False, num_c
     (trainer/plan.py); tools that build loaders of their own call ``check_data_root`` first."""
     batch_per_rank, rank, world_size, workers, seed = sampling
     if section.dummy:
+        from trainer.data.synthetic import build_dummy
         return build_dummy(section, device, batch_per_rank, rank, world_size, need_train, num_classes or 1000)
     backend, decode, note = resolve_backend(section.data_backend, device)
     root = section.root

@@ -39,11 +39,46 @@ def check_data_root(root, need_train=True):
                             "and {}/val/<class>/*.JPEG)".format(root, sub, root, root))
 
 
+def check_layout(root, need_train=True):
+    """The data set in ``root`` as a run reads it, checked without reading an image: the folders, the class
+    folders, an image in each class folder of train/ (``need_train``), val/'s classes and images against them.
+    Returns the classes (sorted). Each problem is a DataError naming it."""
+    check_data_root(root, need_train)
+    train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
+    classes = find_classes(train_dir if os.path.isdir(train_dir) else val_dir)
+    if need_train:
+        for name in classes:
+            if not _has_image(os.path.join(train_dir, name)):
+                raise DataError("class folder '{}' holds no images ({})".format(
+                    os.path.join(train_dir, name), "/".join(IMG_EXTENSIONS)))
+    scan_val(val_dir, {c: i for i, c in enumerate(classes)})
+    return classes
+
+
+def _has_image(path):
+    for root, dirs, files in os.walk(path, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if any(not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS) for name in files):
+            return True
+    return False
+
+
 def find_classes(train_dir):
     classes = _visible_dirs(train_dir)
     if not classes:
         raise DataError("'{}' holds no class folders".format(train_dir))
     return classes
+
+
+def count_train(train_dir, classes, at_most):
+    """The images of train/'s ``classes``, counted up to ``at_most`` (the walk stops there: a large set costs the
+    first few folders)."""
+    n = 0
+    for name in classes:
+        n += len(_images_under(os.path.join(train_dir, name)))
+        if n >= at_most:
+            return at_most
+    return n
 
 
 def scan_train(train_dir, classes):

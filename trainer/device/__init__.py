@@ -15,7 +15,7 @@ cores, the CPU's bfloat16, glibc's malloc). A new kind: a class in a module of i
 registers it) and named in trainer/device_names.py's ``KINDS``.
 """
 from trainer.device_names import (  # noqa: F401 (the device layer's names, re-exported)
-    DATA_BACKENDS, DEVICE_DECODE, HOST_DECODE, KIND_ALIASES, KINDS, canonical_kind)
+    DATA_BACKENDS, DEVICE_DECODE, HOST_DECODE, HOST_KIND, KIND_ALIASES, KINDS, canonical_kind, without_accelerator)
 from trainer.device.runtime import apex_amp, apex_supports, npu_module  # noqa: F401
 from trainer.device.shims import (  # noqa: F401
     UnsafeCheckpoint, _UINT8_RESIZE, averaged_model, ema_multi_avg_fn, out_of_memory, torch_load,

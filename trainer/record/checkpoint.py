@@ -12,6 +12,7 @@ import dataclasses
 import os
 import pickle
 import random
+import warnings
 import zipfile
 from typing import Optional
 
@@ -22,7 +23,9 @@ from trainer.errors import UsageError, one_line
 
 CHECKPOINT = "checkpoint.pth.tar"
 BEST = "model_best.pth.tar"
-FORMAT_VERSION = 2  # 2: apex's amp.state_dict() under "amp" (the Ascend guide's key), "precision", "scaler"
+FORMAT_VERSION = 3  # 2: apex's amp.state_dict() under "amp" (the Ascend guide's key), "precision", "scaler";
+# 3: pytorch/examples' "scheduler" (its StepLR's state) and "best_acc1" as a tensor, as its --resume reads them
+EXAMPLES_STEP = (30, 0.1)  # pytorch/examples' schedule: StepLR(optimizer, step_size=30, gamma=0.1)
 
 
 def _fsync_dir(path):
@@ -197,8 +200,12 @@ def check_checkpoints(weights, resume, published, own, about):
         ckpt = resume.load()
         sd = state_dict_of(ckpt, resume.path)
         saved = ckpt.get("num_classes") if isinstance(ckpt, dict) else None
-        hint = ("it was trained with {} classes: use data of {} classes, or --num-classes {}".format(
-            saved, saved, saved) if isinstance(saved, int) else "check --arch and --num-classes")
+        head = published_head(own, sd) if not isinstance(saved, int) else []  # e.g. pytorch/examples' 1000 classes
+        if head:
+            saved = sd[head[0]].shape[0]
+        hint = "check --arch and --num-classes" if not isinstance(saved, int) else \
+            "{} {} classes: use data of {} classes, or --num-classes {}".format(
+                "its classifier has" if head else "it was trained with", saved, saved, saved)
         check_fits(own, sd, "checkpoint '{}' does not fit {}".format(resume.path, about), hint=hint)
     return tuple(notes)
 
@@ -282,9 +289,36 @@ def read_training(file, arch):
     if ckpt.get("arch") is not None and not models.same_weights(ckpt["arch"], arch):
         raise UsageError("'{}' is a checkpoint of --arch {}, not {}".format(path, ckpt.get("arch"), arch))
     best = ckpt.get("best_acc1")
-    return Resume(path=path, epoch=int(ckpt["epoch"]), best_acc1=float(best) if best is not None else None,
+    best = float(best) if best is not None else None
+    return Resume(path=path, epoch=int(ckpt["epoch"]), best_acc1=best or None,  # 0: nothing validated yet
                   state_dict=strip_module(ckpt["state_dict"]), rng=ckpt.get("rng"),
                   lr_schedule=ckpt.get("lr_schedule") or {}, seed=ckpt.get("seed"), entries=ckpt)
+
+
+def examples_best(best_acc1):
+    """``best_acc1`` as pytorch/examples writes it and its --resume reads it (``best_acc1.to(args.gpu)``): a 0-dim
+    tensor (float64: the value exactly); before any validation examples' starting value, 0."""
+    return torch.tensor(float(best_acc1) if best_acc1 is not None else 0.0, dtype=torch.float64)
+
+
+def examples_scheduler(base_lr, epochs_done, lr):
+    """The ``scheduler`` entry pytorch/examples' --resume loads into its ``StepLR(optimizer, step_size=30,
+    gamma=0.1)``: that scheduler's state (torch's own, of the installed version) after ``epochs_done`` epochs
+    from ``base_lr`` (--lr), its last LR ``lr``, the one the checkpoint's optimizer holds (the LR this run's
+    schedule starts the next epoch at). StepLR multiplies the optimizer's LR by 0.1 at each multiple of 30 epochs:
+    examples continues --lr-schedule step (without warm-up) exactly, and any other schedule from ``lr``."""
+    param = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.SGD([param], lr=base_lr)
+    step_size, gamma = EXAMPLES_STEP
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=step_size, gamma=gamma)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(epochs_done):
+            optimizer.step()
+            scheduler.step()
+    state = scheduler.state_dict()
+    state["_last_lr"] = [lr]
+    return state
 
 
 def rng_states(device):
@@ -327,13 +361,17 @@ class CheckpointSaver:
 
     def state(self, epoch, best_acc1):
         """The checkpoint of ``epoch`` epochs completed: pytorch/examples' and the Ascend guide's keys
-        (``epoch``, ``arch``, ``state_dict``, ``best_acc1``, ``optimizer``, apex's ``amp``), and this
-        project's (FORMAT_VERSION); the optimizer step adds its own (optimizer, precision, and the scaler or
-        apex's amp)."""
+        (``epoch``, ``arch``, ``state_dict``, ``best_acc1``, ``optimizer``, ``scheduler``, apex's ``amp``), and
+        this project's (FORMAT_VERSION); the optimizer step adds its own (optimizer, precision, and the scaler or
+        apex's amp). Everything in it loads with ``torch.load(path, weights_only=True)``."""
         state = dict(format_version=FORMAT_VERSION, epoch=epoch, **self.record)
         state.update(state_dict=self.model.state_dict(), lr_schedule=self.schedule.state_dict(),
-                     rng=rng_states(self.device), best_acc1=float(best_acc1) if best_acc1 is not None else None)
+                     rng=rng_states(self.device), best_acc1=examples_best(best_acc1))
         state.update(self.step.checkpoint_entries())
+        lr = self.schedule(epoch, 0)  # the LR the next epoch starts at
+        state["optimizer"] = dict(state["optimizer"], param_groups=[
+            dict(group, lr=lr) for group in state["optimizer"]["param_groups"]])
+        state["scheduler"] = examples_scheduler(self.schedule.lr, epoch, lr)
         if self.ema is not None:
             state["model_ema"] = self.ema.state_dict()
         return state
