@@ -404,4 +404,4 @@ def test_workers_default_from_the_cores_and_are_reported(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = Device.of("cpu").default_workers(1)
     assert read_summary(tmp_path / "o")["data_workers"] == expected
-    assert "{} workers per process".format(expected) in proc.stdout
+    assert "{} worker{} per process".format(expected, "" if expected == 1 else "s") in proc.stdout

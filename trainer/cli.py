@@ -90,6 +90,14 @@ def printer(out=None):
     return log
 
 
+def counted(n, word, many=None):
+    """``n`` and ``word`` counted as English counts: "1 image", "2 images", "1 class", "3 classes" (``many``: the
+    plural where adding -s, or -es after s, x and sh, does not make it)."""
+    if n == 1:
+        return "{} {}".format(n, word)
+    return "{} {}".format(n, many or word + ("es" if word.endswith(("s", "x", "sh")) else "s"))
+
+
 def check_arch(name):
     import models
     if not models.known(name):
@@ -127,6 +135,6 @@ def out_of_memory_line(plan, device):
                                                   if plan.launch.world_size > 1 else "")]
     if not plan.precision.amp and device.resolve_amp_dtype("auto")[0] is not None:
         fixes.append("add --amp (half-size activations)")
-    return ("out of memory on {} at {} images per device ({}, {} px): {}; the checkpoints are those of the last "
-            "finished epoch".format(device.name, per_device, plan.model.arch, plan.data.train_crop_size,
-                                    ", or ".join(fixes)))
+    return ("out of memory on {} at {} per device ({}, {} px): {}; the checkpoints are those of the last "
+            "finished epoch".format(device.name, counted(per_device, "image"), plan.model.arch,
+                                    plan.data.train_crop_size, ", or ".join(fixes)))

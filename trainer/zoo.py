@@ -16,6 +16,7 @@ note lists them, and the log adds the lines its scripts grep (trainer/record/met
 """
 import os
 
+from trainer.cli import counted
 from trainer.errors import UsageError
 
 ENTRIES = ("resnet50", "shufflenetv2")
@@ -82,5 +83,5 @@ def warmup(ns, explicit):
 def check_skip_steps(skip_steps, steps):
     """--skip_steps must leave steps of an epoch to time."""
     if skip_steps is not None and skip_steps >= steps:
-        raise UsageError("--skip_steps {} leaves no step of an epoch of {} steps to time: use fewer (below {})".format(
-            skip_steps, steps, steps))
+        raise UsageError("--skip_steps {} leaves no step of an epoch of {} to time: use fewer (below {})".format(
+            skip_steps, counted(steps, "step"), steps))

@@ -7,7 +7,7 @@ import os
 import socket
 
 from trainer.job import clusters, rendezvous
-from trainer import device as devmod
+from trainer.cli import counted
 from trainer.errors import UsageError
 
 DEFAULT_PORT = 29688
@@ -28,6 +28,7 @@ def resolve_launch(ns, env):
 
 def process_count(ns, env):
     """How many processes the job will have (spawn without --device-list: every visible device)."""
+    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
     place = _place(ns, env)
     if place["world_size"]:
         return place["world_size"]
@@ -95,6 +96,7 @@ def _place(ns, env):
         if node_rank >= nodes:
             raise UsageError("--rank {} (node rank) must be below --world-size {} (nodes)".format(node_rank, nodes))
         if local_rank is not None:  # one rank of a shell loop: count the node's processes, spawn nothing
+            from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
             per_node = (len(ns.device_list) if ns.device_list
                         else devmod.Device.of(devmod.Device.resolve_kind(ns.device)).count())
             world = env_world if env_world else nodes * per_node
@@ -123,8 +125,8 @@ def _place(ns, env):
         if local_rank is None:
             local_rank = _env_int(env, "RANK_ID") if env.get("RANK_ID") else rank % per_node
         if world < 1 or not 0 <= rank < world:
-            raise UsageError("rank {} is outside a world of {} processes (check RANK/WORLD_SIZE or "
-                             "RANK_ID/RANK_SIZE)".format(rank, world))
+            raise UsageError("rank {} is outside a world of {} (check RANK/WORLD_SIZE or "
+                             "RANK_ID/RANK_SIZE)".format(rank, counted(world, "process")))
         out.update(launch="process" if world > 1 else "single", world_size=world, rank=rank,
                    local_rank=local_rank, procs_per_node=per_node, nodes=max(1, world // per_node),
                    node_rank=rank // per_node)
@@ -186,9 +188,9 @@ def _slot(ns, out):
             out["device_list"] = (ids[slot] if ids else slot,)
         out["local_rank"] = 0
     elif slot >= per_node:
-        raise UsageError("local rank {} is outside this node's {} processes (local ranks 0..{}): export LOCAL_RANK "
+        raise UsageError("local rank {} is outside this node's {} (local ranks 0..{}): export LOCAL_RANK "
                          "as the process's index on its node (LOCAL_WORLD_SIZE or RANK_SIZE processes per node), and "
-                         "its device with --device-list".format(slot, per_node, per_node - 1))
+                         "its device with --device-list".format(slot, counted(per_node, "process"), per_node - 1))
     return out
 
 
@@ -214,8 +216,8 @@ def _modelzoo_loop(ns, env, local_rank):
         rank = _env_int(env, "RANK")
     else:
         if not 0 <= index < max(per_node, 1):
-            raise UsageError("RANK_ID {} is outside a world of {} processes per node (RANK_SIZE={}: RANK_ID "
-                             "0..{})".format(index, per_node, per_node, per_node - 1))
+            raise UsageError("RANK_ID {} is outside a world of {} per node (RANK_SIZE={}: RANK_ID "
+                             "0..{})".format(index, counted(per_node, "process"), per_node, per_node - 1))
         rank = node * per_node + index
     return per_node * nodes, rank, local_rank if local_rank is not None else index, per_node
 
@@ -257,6 +259,7 @@ def settle(section, kind, batch_size, environ=None):
     of each node), the process group's backend, the rendezvous and its master, and this process's device (a
     spawned rank's is decided where it starts: ``device_index``). ``section``: the config's launch section;
     ``environ``: the environment the messages name. Returns (the launch section decided, notes)."""
+    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
     check_devices(section, kind, environ)
     world = section.world_size
     if section.mode == "spawn":  # one process per listed device, else per visible one
@@ -279,6 +282,7 @@ def settle_backend(section, kind):
     """(the process group's backend: --dist-backend as given, or, where it names another device's collective
     library (the guides' hccl on a GPU or CPU, nccl off CUDA), this device's own; notes: one saying so).
     ``section``: the config's launch section."""
+    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
     owner = devmod.Device.backend_owner(section.dist_backend)
     if owner is None or owner == kind:
         return section.dist_backend, ()
@@ -289,6 +293,7 @@ def settle_backend(section, kind):
 
 def check_launch(section, kind):
     """Before any process starts: the rendezvous and the device count suit ``kind``. Returns notes."""
+    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
     kind_cls = devmod.Device.of(kind)
     schemes = kind_cls.rendezvous_schemes
     if section.world_size != 1 and not section.dist_url.startswith(schemes):
@@ -321,6 +326,7 @@ def device_index(section):
 def check_devices(section, kind, environ=None):
     """Before any process starts: the device settings suit the kind, the device list exists on this machine
     (``environ``: the environment whose visible-devices variable the message names; os.environ by default)."""
+    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
     environ = os.environ if environ is None else environ
     kind_cls = devmod.Device.of(kind)
     problem = kind_cls.settings_problem(section)

@@ -24,7 +24,6 @@ import secrets
 import socket
 import time
 
-import torch
 
 from trainer.job import held_stderr
 from trainer.errors import UsageError
@@ -121,6 +120,7 @@ def check_master(section):
 
 
 def _tcp_store(host, port, is_master, seconds):
+    import torch  # here, not at the top: the launch's checks (trainer/job/launch.py) answer before torch is imported
     return torch.distributed.TCPStore(host, port, None, is_master, datetime.timedelta(seconds=seconds),
                                       wait_for_workers=False)
 

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import time
 
+from trainer import cli
 from trainer.record import checkpoint, lock, summary
 from trainer.errors import UsageError
 
@@ -41,11 +42,13 @@ def hold_folder(plan):
     return take_folder(plan)
 
 
-def take_folder(plan):
+def take_folder(plan, log=None):
     """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
     without one: an earlier run there is moved aside (--output-dir not given, ``move_earlier_run``) or refused.
     The lock then lists what this run may write there. Returns (lock, the plan with the notes: a stale lock taken
-    over, an earlier run moved; its input files' paths as they are read)."""
+    over, an earlier run moved; its input files' paths as they are read). The notes on a move are printed as it
+    happens (``log``: stdout by default), whatever comes next; the plan's ``shown`` keeps the log from repeating
+    them. Every check of the run's inputs came before (trainer/plan.py): nothing moves for a run that cannot start."""
     held_lock = lock.RunLock(plan.run.output_dir).acquire()
     folder, notes = plan.run.output_dir, ()
     try:
@@ -53,6 +56,9 @@ def take_folder(plan):
             earlier, older = earlier_run(plan, held_lock.previous if held_lock.taken_over else None)
             if earlier:
                 plan, notes = move_earlier_run(plan, earlier, older)
+                for note in notes:
+                    (log or cli.printer())("note: " + note)
+                plan = dataclasses.replace(plan, shown=plan.shown + notes)
         elif plan.run.resume is None:
             names = RUN_FILES + (checkpoint.last_name(plan.run.checkpoint_prefix),)
             held = [f for f in sorted(set(names)) if os.path.exists(os.path.join(folder, f))]
@@ -245,7 +251,7 @@ def node_writer(plan, dist, device, log):
     held, problem = None, None
     if own and not plan.run.evaluate:
         try:
-            held, plan = take_folder(plan)
+            held, plan = take_folder(plan, lambda line: log(line, all_ranks=True))
         except UsageError as exc:
             problem = exc
     bad = int(dist.max(plan.launch.node_rank + 1.0 if problem else 0.0, device))  # the last such node, counted from 1

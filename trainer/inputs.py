@@ -1,0 +1,53 @@
+"""The checks of a run's inputs that need no torch, made before torch is imported (seconds on every start): the data
+set's folders and classes, the files named (--pretrained FILE, --resume FILE), the output folder.
+
+``check(cfg)`` is the first step of the plan (trainer/plan.py); main.py calls it right after parsing, before it
+imports the rest of the trainer (torch), and the plan then finds it done for the same config. Nothing here
+imports torch (tests/test_startup.py holds it).
+"""
+import os
+from typing import NamedTuple, Optional
+
+from trainer import data
+from trainer.errors import UsageError
+
+
+class Inputs(NamedTuple):
+    """What the checks found: the data's class folders (None with --dummy)."""
+    classes: Optional[int] = None
+
+
+_checked = (None, None)  # (the config last checked, what was found): the plan of the same config reuses it
+
+
+def check(cfg):
+    """The inputs of the run ``cfg`` asks for, checked (UsageError, one line, on the first problem); returns
+    Inputs."""
+    global _checked
+    if _checked[0] is cfg:
+        return _checked[1]
+    run, classes = cfg.run, None
+
+    # the data set: its folders, a class folder per class with images in train/, val/ against them; the classes
+    # against --num-classes
+    if not cfg.data.dummy:
+        classes = len(data.check_layout(cfg.data.root, need_train=not run.evaluate))
+        if cfg.model.num_classes is not None and cfg.model.num_classes < classes:
+            raise UsageError("--num-classes {} is below the {} class folders in the data".format(
+                cfg.model.num_classes, classes))
+
+    # the files named: --pretrained FILE, --resume FILE (auto: whatever the output folder holds)
+    for path, what in ((cfg.model.pretrained, "weights file"),
+                       (None if run.resume == "auto" else run.resume, "checkpoint")):
+        if path is not None and not os.path.exists(path):
+            raise UsageError("{} '{}' does not exist".format(what, path))
+        if path is not None and not os.path.isfile(path):
+            raise UsageError("{} '{}' is not a file".format(what, path))
+
+    # the output folder
+    if os.path.exists(run.output_dir) and not os.path.isdir(run.output_dir):
+        raise UsageError("--output-dir '{}' is a file, not a folder".format(run.output_dir))
+
+    found = Inputs(classes)
+    _checked = (cfg, found)
+    return found
