@@ -6,6 +6,10 @@ in the ``trainer`` package; ``python3 main.py --help`` lists every flag.
 """
 import sys
 
+from trainer import interpreter
+
+if __name__ == "__main__" and not {"-h", "--help"} & set(sys.argv[1:]):  # --help needs none of them
+    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them, exit 2
 from trainer import cli
 
 
@@ -16,6 +20,8 @@ def _main(argv):
         import models
         print("\n".join(models.list_models()))
         return 0
+    from trainer import inputs
+    inputs.check(parsed.cfg)  # the data set, the files named, the output folder: answered before torch is imported
     from trainer.run import run
     return run(parsed.cfg, parsed.notes)
 

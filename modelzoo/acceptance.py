@@ -3,14 +3,16 @@
     python3 -m tools.acceptance report --summary OUT/summary.json --network resnet50 --rank-size 8 \\
         --batch-size 4096 --mode acc --out-dir OUT [--baseline published|FILE --arch resnet50 \\
         --acc-tolerance 1.0 --fps-ratio 0.9]
-    python3 -m tools.acceptance check --summary OUT/summary.json --baseline published --arch resnet50 \\
-        --rank-size 8 --mode acc
+    python3 -m tools.acceptance check --summary OUT/summary.json --baseline published [--arch resnet50 \\
+        --rank-size 8 --mode acc --precision O2]
     python3 -m tools.acceptance baseline --baseline published --arch resnet50 --rank-size 8 --mode acc
 
 report   prints ModelZoo's three result lines and writes ``<CaseName>.log`` (ModelZoo's keys, one
          ``key = value`` per line) and ``train_<CaseName>_loss.txt`` (the loss of every printed training step,
          from metrics.jsonl) next to summary.json; with --baseline it then runs the check.
-check    one PASS / FAIL / SKIP line per metric against a baseline table; exit 3 on any FAIL.
+check    one PASS / FAIL / SKIP line per metric against a baseline table; exit 3 on any FAIL. The run's arch,
+         rank size, mode and precision are the summary's (``arch``, ``world_size``; ``perf`` for a run that did not
+         validate, ``acc`` otherwise; ``fp32`` without --amp, else its opt level); flags given override them.
 align    a run against a reference run (the guides' loss alignment: part of the epochs on the NPU against
          the GPU's): per common epoch, the mean training loss within --loss-rtol (0.05) of the reference's and
          Acc@1 at most --acc-tolerance below it; one PASS / FAIL line per epoch; exit 3 on any FAIL.
@@ -168,6 +170,34 @@ def final_lines(values):
             "E2E Training Duration sec : {}".format(values["E2ETrainingTime"])]
 
 
+def the_runs(summary, args):
+    """(arch, rank size, mode, precision) of the run ``check`` judges: each flag given, else what the summary
+    holds (``arch``; ``world_size``; ``perf`` where the run did not validate, as the performance scripts' runs,
+    else ``acc``; ``fp32`` without --amp, else its opt level, None where it had none)."""
+    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+    amp = summary.get("amp") if isinstance(summary.get("amp"), dict) else {}
+    validated = config.get("validate")
+    held = {"arch": summary.get("arch") if isinstance(summary.get("arch"), str) else None,
+            "rank_size": summary.get("world_size") if isinstance(summary.get("world_size"), int) else None,
+            "mode": None if not isinstance(validated, bool) else "acc" if validated else "perf",
+            "precision": None}
+    if amp.get("enabled") is False:
+        held["precision"] = "fp32"
+    elif amp.get("enabled"):
+        held["precision"] = amp.get("opt_level") or config.get("opt_level")
+    found = []
+    for dest in ("arch", "rank_size", "mode", "precision"):
+        value = getattr(args, dest)
+        if value is None and held[dest] is None and dest != "precision":
+            raise AcceptanceError("the summary '{}' does not say the run's {} (a summary of this project's main.py "
+                                  "does): give --{}".format(args.summary, dest.replace("_", " "),
+                                                            dest.replace("_", "-")))
+        found.append(held[dest] if value is None else value)
+    if found[1] < 1:
+        raise AcceptanceError("--rank-size must be at least 1, got {}".format(found[1]))
+    return tuple(found)
+
+
 def metrics_for(mode):
     """Accuracy runs are checked on accuracy and FPS, performance runs on FPS only."""
     return ("acc1", "fps") if mode == "acc" else ("fps",)
@@ -238,6 +268,8 @@ DEFAULT_LOSS_RTOL = 0.05  # relative difference of an epoch's mean training loss
 
 
 def _epoch_records(folder):
+    from trainer import interpreter
+    interpreter.require(("torch",))  # the trainer's reader imports it (report, check and baseline need no torch)
     from trainer.record.observe import METRICS, read_records  # the trainer's own reader (a torn last line is ignored)
     path = os.path.join(folder, METRICS)
     if not os.path.isfile(path):
@@ -285,14 +317,14 @@ def _parser():
     sub = p.add_subparsers(dest="command")
     sub.required = True
 
-    def baseline_args(q, required):
+    def baseline_args(q, required, summary=False):
         q.add_argument("--baseline", required=required, help="'published' (today's figures), 'published-2023', a "
                        "JSON / CSV table, or 'recipe' (the published result of the run's --recipe; recipe:NAME names "
                        "one)")
         q.add_argument("--precision", default=None, help="the run's O1 / O2 / fp32: picks among entries of the "
-                       "same arch x rank size")
-        q.add_argument("--arch", help="arch to look up (default: --network)" if not required else "arch to look up",
-                       required=required)
+                       "same arch x rank size" + (" (default: the summary's)" if summary else ""))
+        q.add_argument("--arch", required=required and not summary, help="arch to look up" + (
+            " (default: the summary's)" if summary else "" if required else " (default: --network)"))
         q.add_argument("--acc-tolerance", default=None, help="points below the baseline Acc@1 (default 1.0)")
         q.add_argument("--fps-ratio", default=None, help="fraction of the baseline FPS (default 0.9)")
 
@@ -307,9 +339,10 @@ def _parser():
 
     c = sub.add_parser("check", help="PASS/FAIL lines against a baseline; exit 3 on FAIL")
     c.add_argument("--summary", required=True)
-    c.add_argument("--rank-size", type=int, required=True)
-    c.add_argument("--mode", choices=MODES, required=True)
-    baseline_args(c, required=True)
+    c.add_argument("--rank-size", type=int, default=None, help="default: the summary's world_size")
+    c.add_argument("--mode", choices=MODES, default=None,
+                   help="default: the summary's (perf for a run that did not validate, else acc)")
+    baseline_args(c, required=True, summary=True)
 
     a = sub.add_parser("align", help="a run's loss epoch by epoch against a reference run's; exit 3 on FAIL")
     a.add_argument("--run", required=True, help="the run's --output-dir (its metrics.jsonl)")
@@ -350,8 +383,9 @@ def main(argv=None, out=sys.stdout):
         return EXIT_OK
     summary = read_summary(args.summary)
     if args.command == "check":
-        return run_check(summary, args.baseline, args.arch, args.rank_size, args.mode, args.acc_tolerance,
-                         args.fps_ratio, out, args.precision)
+        arch, rank_size, mode, precision = the_runs(summary, args)
+        return run_check(summary, args.baseline, arch, rank_size, mode, args.acc_tolerance, args.fps_ratio, out,
+                         precision)
     values = case_values(summary, args.network, args.rank_size, args.batch_size, args.mode)
     out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.summary))
     for line in final_lines(values):

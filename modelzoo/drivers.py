@@ -20,6 +20,8 @@ import sys
 import time
 
 from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage, within
+from trainer.cli import counted
+from trainer import interpreter
 from trainer.errors import UsageError
 from trainer.job.lifeline import die_with_parent
 
@@ -174,6 +176,19 @@ def move_aside(p):
     return replace
 
 
+def check_inputs(cmd):
+    """main.py's checks of its inputs (the data set, the files named, the output folder: trainer/inputs.py) on the
+    command ``cmd`` the ranks will run, before the output folder's earlier contents move: a run that cannot start
+    moves nothing. A command main.py's parsing refuses is left to main.py, which says why in each rank's setting."""
+    from trainer import inputs
+    from trainer.config import parse_config
+    try:
+        cfg = parse_config(cmd[3:], env={}).cfg
+    except UsageError:
+        return
+    inputs.check(cfg)
+
+
 def prepare_output(p):
     """The output folder made ready; returns the command-line tokens to replace ({old: new}: inputs the folder held,
     read where they went)."""
@@ -201,6 +216,7 @@ def run(mode, scale, argv, env=None):
         return 0
     p = resolve(parse(argv, mode, scale, script), mode, scale, script, env)
     cmd = command(p)
+    check_inputs(cmd)
     replace = prepare_output(p)
     cmd = [replace.get(c, c) for c in cmd]
     for note in p.notes:
@@ -217,7 +233,7 @@ def run(mode, scale, argv, env=None):
                  if p.table is not None and p.table["servers"] > 1 else ""))
     print("{}: {}{} | {} | global batch {} | lr {:g} | {} epoch(s){} | precision {} | output {}".format(
         script, p.model, " (recipe {})".format(p.recipe) if p.recipe else "", where, p.batch, p.lr, p.epochs,
-        " x {} steps".format(p.steps) if p.steps else "", p.precision, p.output_dir))
+        " x {}".format(counted(p.steps, "step")) if p.steps else "", p.precision, p.output_dir))
     print("command: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     t0 = time.time()
     from trainer.job.ranks import Interrupted, Ranks
@@ -260,14 +276,16 @@ def main(argv=None):
         sys.stderr.write("error: usage: python3 -m modelzoo.drivers full|performance 1p|8p|16p [--key=value ...], "
                          "or full cluster [--key=value ...]\n")
         return 2
+    if not {"-h", "--help"} & set(argv[2:argv.index("--") if "--" in argv else len(argv)]):
+        interpreter.require()  # the ranks' main.py runs on this Python: it has their packages, or one line, exit 2
     try:
         return run(argv[0], argv[1], argv[2:])
     except UsageError as exc:
         sys.stderr.write("error: {}\n".format(str(exc).splitlines()[0]))
         return 2
     except ImportError as exc:
-        sys.stderr.write("error: {} cannot import what main.py needs ({}): install it (make install) and set "
-                         "PYTHON=/path/to/that/python3\n".format(sys.executable, exc))
+        sys.stderr.write("error: {} cannot import what main.py needs ({}): {}\n".format(
+            sys.executable, str(exc).splitlines()[0] if str(exc) else type(exc).__name__, interpreter.fix()))
         return 2
 
 

@@ -3,6 +3,9 @@
 # drv_main MODE SCALE "$@": env_npu.sh is sourced (unless the platform set the environment up,
 # etp_running_flag=true), then modelzoo/drivers.py takes over: arguments, recipe, output folder, one
 # process per device, supervision, ModelZoo results. --help is answered before anything is sourced.
+# The Python: $PYTHON, else python3 (an activated environment's, CANN's); where that python3 lacks the project's
+# packages (torch, ...) and the repository's .venv (make install) has them, .venv's, said in one note line. A
+# Python without them stops in one error line naming the one to use (trainer/interpreter.py), exit 2.
 drv_main() {
     local root py arg
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -18,6 +21,12 @@ drv_main() {
     if [[ ${etp_running_flag:-} != true ]]; then
         # shellcheck source=../env_npu.sh
         source "$root/env_npu.sh"
+    fi
+    if [[ -z ${PYTHON:-} && -x $root/.venv/bin/python ]] && ! "$py" -m trainer.interpreter 2>/dev/null &&
+        "$root/.venv/bin/python" -m trainer.interpreter 2>/dev/null; then
+        echo "note: $(command -v "$py") lacks the project's packages (torch, ...): the driver runs" \
+            "$root/.venv/bin/python (PYTHON=/path/to/python3 names another)" >&2
+        py=$root/.venv/bin/python
     fi
     exec "$py" -m modelzoo.drivers "$@"
 }

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from conftest import DOUBLE, PY, RANKS, ROOT, assert_one_line_error, dataset, gone, read_lines
+from conftest import (DOUBLE, PY, RANKS, ROOT, SMALL, assert_one_line_error, dataset, gone, read_lines, read_summary,
+                      trained)
 from modelzoo import acceptance
 from trainer.device import cpu_native_bf16
 
@@ -674,6 +675,37 @@ def test_acceptance_cli_check_and_report(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "resnet50_bs4096_8p_perf.log").exists()
     assert "Final Performance images/sec : 9000.00" in proc.stdout and "acceptance: PASS" in proc.stdout
+
+
+def test_acceptance_check_reads_the_run_from_its_summary_and_flags_override_it(shapes, tmp_path):
+    """`check --summary S --baseline TABLE` typed alone: the arch, rank size, mode and precision are the run's, as
+    its summary.json holds them; each flag given wins; a summary that does not say one is one line naming the
+    flag."""
+    trained(shapes, tmp_path / "run", ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "2", "-b", "16",
+                                       "--device", "cpu"] + SMALL)
+    s = str(tmp_path / "run" / "summary.json")
+    table = tmp_path / "table.csv"
+    table.write_text("arch,rank_size,acc1,fps,precision,source\ntiny_cnn,1,0.01,0.01,O2,the O2 entry\n"
+                     "tiny_cnn,1,0.01,0.01,fp32,the fp32 entry\ntiny_cnn,2,100,0.01,fp32,two ranks\n")
+    proc = cli(["check", "--summary", s, "--baseline", str(table)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS Acc@1" in proc.stdout and "[the fp32 entry]" in proc.stdout  # no --amp: the fp32 entry
+    assert proc.stdout.splitlines()[-1].startswith("acceptance: PASS (tiny_cnn 1p, accuracy run")
+    proc = cli(["check", "--summary", s, "--baseline", str(table), "--rank-size", "2"])
+    assert proc.returncode == 3 and "vs baseline 100.000" in proc.stdout and "(tiny_cnn 2p," in proc.stdout
+    proc = cli(["check", "--summary", s, "--baseline", str(table), "--mode", "perf", "--precision", "O2"])
+    assert proc.returncode == 0 and "SKIP Acc@1: not checked on a performance run" in proc.stdout
+    assert "[the O2 entry]" in proc.stdout and "performance run" in proc.stdout.splitlines()[-1]
+    data = read_summary(tmp_path / "run")
+    data["config"]["validate"] = False  # a performance script's run (--no-validate): a performance run
+    del data["world_size"]
+    (tmp_path / "perf.json").write_text(json.dumps(data))
+    proc = cli(["check", "--summary", str(tmp_path / "perf.json"), "--baseline", str(table)])
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith("error: ") and "does not say the run's rank size" in proc.stderr
+    assert "give --rank-size" in proc.stderr
+    proc = cli(["check", "--summary", str(tmp_path / "perf.json"), "--baseline", str(table), "--rank-size", "1"])
+    assert proc.returncode == 0 and "SKIP Acc@1: not checked on a performance run" in proc.stdout
 
 
 def test_acceptance_csv_and_json_list_tables(tmp_path):

@@ -237,6 +237,28 @@ def test_flipped_validation_equals_a_hand_computation_and_evaluates_alike(data70
     assert e["val_loss"] == pytest.approx(loss, rel=1e-4)
 
 
+def test_evaluate_takes_the_checkpoints_sizes_unless_given_with_a_note(shapes, tmp_path):
+    """``-e --resume CKPT`` of a model trained and validated at 32 px, without the size flags, evaluates at 32
+    (its run's accuracy), not at the defaults 256 / 224; a size flag given wins, and no note comes."""
+    args = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.1"] + BASE
+    trained(shapes, tmp_path / "run", args + VAL32 + ["--train-crop-size", "32", "--epochs", "1",
+                                                      "--max-steps-per-epoch", "3"])
+    kept = os.path.join(str(tmp_path / "run"), "checkpoint.pth.tar")
+    proc = run_main([shapes, "-e", "--resume", kept, "--output-dir", str(tmp_path / "eval")] + args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stdout.splitlines() if "at the sizes its run validated at" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: ") and "--val-resize-size 32 --val-crop-size 32" in notes[0]
+    e = read_summary(tmp_path / "eval", "eval_summary.json")
+    assert (e["config"]["val_resize_size"], e["config"]["val_crop_size"]) == (32, 32) and e["val_images"] == 100
+    assert e["final_acc1"] == pytest.approx(read_summary(tmp_path / "run")["final_acc1"], abs=1e-9)
+    given = run_main([shapes, "-e", "--resume", kept, "--output-dir", str(tmp_path / "given"), "--val-crop-size",
+                      "48"] + args)
+    assert given.returncode == 0, given.stderr[-3000:]
+    assert "at the sizes its run validated at" not in given.stdout
+    g = read_summary(tmp_path / "given", "eval_summary.json")
+    assert (g["config"]["val_resize_size"], g["config"]["val_crop_size"]) == (55, 48)
+
+
 def test_the_average_is_validated_with_flips_too(shapes, tmp_path):
     proc = trained(shapes, tmp_path, ["-a", "tiny_cnn", "-b", "16", "--lr", "0.1"] + BASE + VAL32 + [
         "--epochs", "1", "--max-steps-per-epoch", "2", "--model-ema", "--model-ema-steps", "1", "--val-tta", "flip",

@@ -6,6 +6,8 @@ modelzoo/acceptance.py (its docstring and --help list the subcommands).
 
 Exit codes: 0 success, 1 the run did not finish, 2 bad input (one ``error:`` line), 3 FAIL.
 """
+if not __package__:  # python3 tools/acceptance.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
 import sys
 
 from modelzoo.acceptance import cli

@@ -23,6 +23,11 @@ Example (a tiny data set from tools/make_dataset.py)::
     python3 -m tools.make_dataset /tmp/d --classes 4 --train-per-class 8 --val-per-class 4 --size 32
     python3 -m tools.callpath -- /tmp/d -a resnet50 --amp --epochs 1 -b 8 -j 0 --output-dir /tmp/out
 """
+if not __package__:  # python3 tools/callpath.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
+from trainer import interpreter
+if __name__ == "__main__":
+    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
 import collections
 import json

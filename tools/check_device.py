@@ -42,6 +42,11 @@ without it the sizes are the ones that matter on an accelerator (ResNet50 at bat
 1024, 224 px).
 Exit codes: 0 no FAIL, 1 a FAIL, 2 a usage error. Training output goes to --work-dir/*.log.
 """
+if not __package__:  # python3 tools/check_device.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
+from trainer import interpreter
+if __name__ == "__main__":
+    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
 import contextlib
 import json

@@ -29,9 +29,17 @@ float32 is strict float32 on both sides: the reduced-precision float32 shortcuts
 default (TF32 on CUDA, HF32 on newer NPUs) are off during the comparison.
 
 The usual check is the CPU (reference, float32) against the accelerator: --target cuda or npu. A
-process drives one accelerator, so the two sides cannot be two different accelerators.
+process drives one accelerator, so the two sides cannot be two different accelerators: a GPU box against an NPU
+box is msprobe's comparison of two runs' dumps (main.py --precision-dump, python3 -m tools.align compare). This tool
+keeps what that does not do: both sides in one process, float32 against autocast on one device, the guide's
+mean-difference criterion.
 Exit codes: 0 all within tolerance; 1 something over tolerance; 2 a usage error.
 """
+if not __package__:  # python3 tools/compare_precision.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
+from trainer import interpreter
+if __name__ == "__main__":
+    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
 import contextlib
 import copy

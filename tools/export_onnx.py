@@ -20,6 +20,11 @@ Two float32 engines that order their sums differently legitimately differ by ~1e
 magnitude on a deep network; a wrong graph or weight differs by far more. Exit codes: 0 all within
 tolerance; 1 a difference over it (the file is kept for inspection); 2 a usage error (one line on stderr).
 """
+if not __package__:  # python3 tools/export_onnx.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
+from trainer import interpreter
+if __name__ == "__main__":
+    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
 import inspect
 import os

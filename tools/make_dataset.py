@@ -26,6 +26,11 @@ train/ (0.2 and seed 0: 1,438 train and 359 val). --classes, --train-per-class a
 imagenet layout:      OUT/train/<class>/*.JPEG, OUT/val/<class>/*.JPEG
 tiny-imagenet layout: OUT/train/<wnid>/images/*.JPEG, OUT/val/images/*.JPEG + OUT/val/val_annotations.txt
 """
+if not __package__:  # python3 tools/make_dataset.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
+from trainer import interpreter
+if __name__ == "__main__":
+    interpreter.require(("numpy", "PIL"))  # numpy and Pillow, or one line naming the Python that has them
 import argparse
 import os
 import sys

@@ -25,6 +25,11 @@ before porting; --device runs it on another device of this machine.
 The core is ``op_report(model, make_batch, steps, ...)``, usable on any model and batch source.
 Exit codes: 0 done; 1 dynamic or unsupported ops found with --strict; 2 a usage error.
 """
+if not __package__:  # python3 tools/op_report.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
+from trainer import interpreter
+if __name__ == "__main__":
+    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
 import json
 import os

@@ -10,6 +10,11 @@ backend). The PNG is written to a temporary name and renamed; an existing file i
 Exit codes: 0 written; 2 a usage error (one line on stderr): a folder without metrics.jsonl, no records,
 matplotlib missing, an existing output without --force.
 """
+if not __package__:  # python3 tools/plot_runs.py: this Python has the project installed, or one line names one
+    import _installed  # noqa: F401
+from trainer import interpreter
+if __name__ == "__main__":
+    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import json
 import os
 import sys
