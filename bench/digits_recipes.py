@@ -3,7 +3,9 @@
 
     python3 -m bench.digits_recipes [--epochs 8] [--seeds 1 2 3] [--arch resnet18] [--size 96] [-b 64]
                                     [--threads 1] [--workers 1] [--steps 12] [--rounds 2]
-                                    [--only accuracy|techniques] [--fast-flags "FLAGS"] [--work-dir DIR]
+                                    [--only accuracy|techniques|lr] [--fast-flags "FLAGS"] [--work-dir DIR]
+                                    [--lr-batches 32 64 256] [--lr-grid 0.025 0.05 0.1 0.2 0.4] [--lr-epochs 6]
+                                    [--lr-size 32]
                                     [--json FILE] [--smoke] [--data DIR]
 
 Needs scikit-learn, whose package ships the digits (``pip install scikit-learn``; the trainer itself does not
@@ -23,7 +25,8 @@ throughout and validates at --val-crop-size --size after --val-resize-size --siz
 as the last size of its resolution ramp (from the multiple of 32 at or below FFCV's 160/192 of it: 64 px for 96)
 and validates at the size the recipe scales to it (under 128 px the size itself).
 Every run has OMP_NUM_THREADS=--threads and -j --workers: on a small machine shared with other work one compute
-thread per process is much less exposed to the others than threads that wait for each other.
+thread per process is much less exposed to the others than threads that wait for each other. A run that finished
+ok in --work-dir with the same command and threads is read again, not rerun (so an interrupted bench continues).
 
 The target of a seed is the Acc@1 that ``examples`` reaches after its last epoch (2 x --epochs); ``fast`` reaches
 it at the end of the first of its epochs whose Acc@1 is at least the target. Times are training time only:
@@ -44,9 +47,16 @@ run updates it every step, and the row for every 32 steps is derived from it (1 
 ramp's row is the plain step at each epoch's size of the ramp that ``--recipe fast --train-crop-size --size``
 trains for --epochs epochs, averaged over the epochs. ``fast (all)`` is ``--recipe fast``'s own step at --size.
 
+The LR at batches FFCV did not publish (``--only lr``, not part of the default run): ``--recipe fast --epochs
+--lr-epochs --train-crop-size --lr-size`` (a size without a ramp: 32 px trains and validates at 32 px) at each batch
+of --lr-batches, once with each LR of: the recipe's own rule at that batch (trainer/recipes.py), the linear rule
+(FFCV's LR x batch / FFCV's batch), the square-root rule (FFCV's LR x sqrt(batch / FFCV's batch)), pytorch/examples'
+default 0.1, and each of --lr-grid. Reported per batch and LR: Acc@1 after the last epoch and the best epoch's,
+averaged over --seeds. The tuned LR of a batch is the best of all those tried, by the mean final Acc@1.
+
 --smoke: the smallest run of every part (one seed, 1 and 2 epochs of 4 steps at 64 px; one round of 6-step
 runs of the plain step, model-ema, val-tta, the ramp's sizes and fast) that checks the bench works; its figures
-mean nothing.
+mean nothing. With ``--only lr``: batch 16, the rules' LRs and 0.1 (no grid), 1 epoch of 4 steps at 32 px.
 """
 import argparse
 import json
@@ -62,6 +72,7 @@ import time
 
 from tools.make_dataset import digits
 from trainer import recipes
+from trainer.config import FFCV_CROP_RATIO
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,6 +84,9 @@ FFCV_RECIPE = "resnet18_ffcv_16"  # what --recipe fast takes its values from for
 CONFIG_KEYS = ("lr", "epochs", "lr_schedule", "lr_peak_epoch", "warmup_epochs", "label_smoothing", "weight_decay",
                "norm_weight_decay", "momentum", "optimizer", "model_ema", "channels_last", "min_res", "max_res",
                "start_ramp", "end_ramp", "val_tta", "blurpool", "train_crop_size", "val_resize_size", "val_crop_size")
+EXAMPLES_LR = 0.1  # pytorch/examples' default --lr
+LR_GRID = (0.025, 0.05, 0.1, 0.2, 0.4)  # --lr-grid's default
+LR_BATCHES = (32, 64, 256)  # --lr-batches' default
 TEST_LINE = re.compile(r"^Test: \[\s*(\d+)/(\d+)\]\s+Time\s+([0-9.]+)")
 
 
@@ -101,11 +115,16 @@ def train(data, out, args, log):
     cmd = [sys.executable, os.path.join(ROOT, "main.py"), data] + [str(a) for a in args] + [
         "--output-dir", out, "--no-tensorboard", "--progress", "lines"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(THREADS[0]))
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.time() - t0
-    with open(out + ".log", "w") as f:
-        f.write(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+    done = _finished(out, cmd, env["OMP_NUM_THREADS"])
+    if done is not None:  # the same run finished in --work-dir before: read, not rerun
+        proc, wall = done
+    else:
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.time() - t0
+        with open(out + ".log", "w") as f:
+            f.write(" ".join(cmd) + "\n" + "OMP_NUM_THREADS={} wall_seconds={:.1f}\n".format(
+                env["OMP_NUM_THREADS"], wall) + proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise SystemExit("{} failed (exit {}); log: {}.log\n{}".format(os.path.basename(out), proc.returncode, out,
                                                                       proc.stderr[-2000:]))
@@ -119,6 +138,22 @@ def train(data, out, args, log):
     log("  {:<28} {:6.1f} s{}".format(os.path.basename(out), wall, "  Acc@1 {:.1f}".format(summary["final_acc1"])
                                       if summary.get("final_acc1") is not None else ""))
     return summary, records, proc.stdout, wall
+
+
+def _finished(out, cmd, threads):
+    """(a stand-in for the finished process, its wall seconds) where ``out`` holds a run of the same command and
+    thread count that ended ok (its log's first lines and summary.json say so), else None."""
+    try:
+        with open(out + ".log") as f:
+            first, second = f.readline().rstrip("\n"), f.readline().split()
+            rest = f.read()
+        with open(os.path.join(out, "summary.json")) as f:
+            status = json.load(f).get("status")
+    except (OSError, ValueError):
+        return None
+    if first != " ".join(cmd) or status != "ok" or second[:1] != ["OMP_NUM_THREADS={}".format(threads)]:
+        return None
+    return subprocess.CompletedProcess(cmd, 0, rest, ""), float(second[1].split("=")[1])
 
 
 def curve(records):
@@ -150,7 +185,7 @@ def val_batch_seconds(stdout):
 
 
 def sizes(a):
-    val_resize = int(round(a.size * 256 / 224.0))
+    val_resize = int(round(a.size / FFCV_CROP_RATIO))
     return ["--train-crop-size", a.size, "--val-resize-size", val_resize, "--val-crop-size", a.size]
 
 
@@ -194,7 +229,7 @@ def techniques(a, data, work, log):
     """{row: {median ms, ratio}} of the plain step and of each technique added to it alone."""
     base = ["-a", a.arch, "-b", a.batch_size, "-j", a.workers, "--epochs", 1, "--max-steps-per-epoch", a.steps,
             "--fps-warmup-steps", FPS_WARMUP, "-p", 1, "--seed", 0, "--lr", "{:.6g}".format(0.1 * a.batch_size / 256.0),
-            "--val-resize-size", int(round(a.size * 256 / 224.0)), "--val-crop-size", a.size] + a.extra
+            "--val-resize-size", int(round(a.size / FFCV_CROP_RATIO)), "--val-crop-size", a.size] + a.extra
     plain = ["--no-channels-last", "--train-crop-size", a.size]
     variants = [("plain", plain),
                 ("channels-last", ["--channels-last", "--train-crop-size", a.size]),
@@ -241,13 +276,57 @@ def techniques(a, data, work, log):
 def ramp_sizes(size, epochs):
     """The training size of each of ``epochs`` epochs of ``--recipe fast --train-crop-size size --epochs epochs``:
     the recipe's ramp up to ``size`` (trainer/recipes.py, ffcv_sizes and ffcv_ramp), or ``size`` throughout where
-    it has none."""
+    it has none (one epoch)."""
     from trainer.data.resolution import ResolutionSchedule
-    sizes = recipes.ffcv_sizes(size, recipes.get(FFCV_RECIPE))
-    if sizes is None:
+    sizes, ramp = recipes.ffcv_sizes(size, recipes.get(FFCV_RECIPE)), recipes.ffcv_ramp(epochs)
+    if sizes is None or ramp is None:
         return [size] * epochs
-    schedule = ResolutionSchedule(sizes[0], sizes[1], *recipes.ffcv_ramp(epochs))
+    schedule = ResolutionSchedule(sizes[0], sizes[1], *ramp)
     return [schedule(e) for e in range(epochs)]
+
+
+def lr_candidates(arch, batch, grid):
+    """[(LR, [names])] tried at ``batch``: the recipe's rule, the linear and square-root rules from FFCV's batch, the
+    examples' default and the grid, each LR once."""
+    source = recipes.get(recipes.base_of("fast", arch))
+    rule = recipes.scale(recipes.base_of("fast", arch), 1, {"batch_size": batch})[0]["lr"]
+    named = [("recipe rule", rule), ("linear", source["lr"] * batch / float(source["batch_size"])),
+             ("square root", source["lr"] * (batch / float(source["batch_size"])) ** 0.5),
+             ("examples' default", EXAMPLES_LR)] + [("grid", g) for g in grid]
+    out = {}
+    for name, lr in named:
+        out.setdefault(float("{:.4g}".format(lr)), []).append(name)
+    return sorted(out.items())
+
+
+def lr_rule(a, data, work, log):
+    """{batch: {"lrs": [{lr, names, final_acc1, best_acc1, per seed}], "tuned": lr, ...}}: --recipe fast at each
+    batch with each candidate LR (``lr_candidates``)."""
+    out = {}
+    for batch in a.lr_batches:
+        rows = []
+        for lr, names in lr_candidates(a.arch, batch, a.lr_grid):
+            finals, bests, seconds = [], [], []
+            for seed in a.seeds:
+                args = ["-a", a.arch, "-b", batch, "-j", a.workers, "-p", 1000, "--recipe", "fast", "--epochs",
+                        a.lr_epochs, "--train-crop-size", a.lr_size, "--lr", "{:.4g}".format(lr),
+                        "--seed", seed] + a.extra
+                summary, records, _, _ = train(data, os.path.join(work, "lr-b{}-lr{:.4g}-seed{}".format(
+                    batch, lr, seed)), args, log)
+                points = curve(records)
+                finals.append(points[-1]["acc1"])
+                bests.append(max(p["acc1"] for p in points))
+                seconds.append(points[-1]["seconds"])
+            rows.append({"lr": lr, "names": names, "final_acc1": statistics.mean(finals), "best_acc1":
+                         statistics.mean(bests), "final_acc1_seeds": finals, "best_acc1_seeds": bests,
+                         "train_seconds": statistics.mean(seconds)})
+        tuned = max(rows, key=lambda r: r["final_acc1"])
+        pick = {name: next(r for r in rows if name in r["names"]) for name in ("recipe rule", "linear", "square root",
+                                                                              "examples' default")}
+        out[str(batch)] = {"lrs": rows, "tuned_lr": tuned["lr"], "tuned_final_acc1": tuned["final_acc1"],
+                           "by_name": {k: {"lr": v["lr"], "final_acc1": v["final_acc1"], "best_acc1": v["best_acc1"]}
+                                       for k, v in pick.items()}}
+    return out
 
 
 def fmt(x, spec="{:.2f}"):
@@ -270,6 +349,15 @@ def report(result, log):
             "of {} seeds; claim (at most 1/3, target reached in every seed): {}".format(
                 fmt(acc["median_ratio_to_target"], "{:.3f}"), fmt(acc["median_ratio_whole_run"], "{:.3f}"),
                 acc["reached"], len(acc["seeds"]), "holds" if acc["claim_holds"] else "does not hold"))
+    lr = result.get("lr")
+    if lr:
+        log("\n| batch | lr | which | Acc@1 after the last epoch | best epoch's Acc@1 | train s |")
+        log("| ---: | ---: | --- | ---: | ---: | ---: |")
+        for batch, b in lr.items():
+            for r in b["lrs"]:
+                log("| {} | {:.4g} | {} | {:.1f} | {:.1f} | {:.0f} |".format(
+                    batch, r["lr"], ", ".join(r["names"]) + (" (tuned)" if r["lr"] == b["tuned_lr"] else ""),
+                    r["final_acc1"], r["best_acc1"], r["train_seconds"]))
     tech = result.get("techniques")
     if tech:
         log("\n| step | median ms | / plain | val batch ms | / plain |")
@@ -291,7 +379,13 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=1, help="-j of every run")
     p.add_argument("--steps", type=int, default=12, help="steps of each technique run")
     p.add_argument("--rounds", type=int, default=2, help="technique runs of each kind, in rotating order")
-    p.add_argument("--only", choices=("accuracy", "techniques"), default=None)
+    p.add_argument("--only", choices=("accuracy", "techniques", "lr"), default=None,
+                   help="one part (default: accuracy and techniques; lr runs only when named)")
+    p.add_argument("--lr-batches", type=int, nargs="+", default=list(LR_BATCHES), help="--only lr: the batches")
+    p.add_argument("--lr-grid", type=float, nargs="*", default=list(LR_GRID), help="--only lr: the LRs tried "
+                                                                                     "besides the rules' and 0.1")
+    p.add_argument("--lr-epochs", type=int, default=6, help="--only lr: the epochs of each run")
+    p.add_argument("--lr-size", type=int, default=32, help="--only lr: the training and test size")
     p.add_argument("--fast-flags", default="", help="main.py flags added to the fast leg (they win over the recipe's)")
     p.add_argument("--work-dir", default=None, help="runs and the data set go here (default: a new temporary "
                                                     "folder)")
@@ -303,7 +397,10 @@ def main(argv=None):
     if a.smoke:
         a.epochs, a.seeds, a.size, a.steps, a.rounds = 1, a.seeds[:1], 64, FPS_WARMUP + 2, 1
         a.extra, a.workers = ["--max-steps-per-epoch", 4], 0
-    for name in ("epochs", "size", "batch_size", "rounds", "threads"):
+        a.lr_batches, a.lr_grid, a.lr_epochs, a.lr_size = [16], [], 1, 32
+    if a.only == "lr":
+        a.size = a.lr_size  # the size of the digits written (or of --data) is the size trained
+    for name in ("epochs", "size", "batch_size", "rounds", "threads", "lr_epochs", "lr_size"):
         if getattr(a, name) < 1:
             p.error("--{} must be at least 1".format(name.replace("_", "-")))
     if a.steps <= FPS_WARMUP:
@@ -329,9 +426,11 @@ def main(argv=None):
               "epochs_fast": a.epochs, "fast_flags": a.fast_flags,
               "epochs_examples": 2 * a.epochs, "seeds": a.seeds, "smoke": a.smoke, "data": data,
               "time_excludes": "validation and checkpoints (sum of metrics.jsonl's epoch seconds)"}
-    log("{} on {} cores, torch {}; {} at {} px, batch {}; fast {} epochs, examples {}; work dir {}".format(
+    log("{} on {} cores, torch {}; {} at {} px, {}; work dir {}".format(
         result["machine"]["cpu"], result["machine"]["cores"], result["machine"]["torch"], a.arch, a.size,
-        a.batch_size, a.epochs, 2 * a.epochs, work))
+        "batches {}, {} epochs of --recipe fast".format(" ".join(map(str, a.lr_batches)), a.lr_epochs)
+        if a.only == "lr" else "batch {}; fast {} epochs, examples {}".format(a.batch_size, a.epochs, 2 * a.epochs),
+        work))
     if a.only in (None, "accuracy"):
         seeds = accuracy(a, data, work, log)
         reached = sum(1 for s in seeds if s["ratio_to_target"] is not None)
@@ -344,6 +443,9 @@ def main(argv=None):
             "claim_holds": reached == len(seeds) and all(s["ratio_to_target"] <= 1 / 3.0 for s in seeds)}
     if a.only in (None, "techniques"):
         result["techniques"] = techniques(a, data, work, log)
+    if a.only == "lr":
+        result.update(lr_batches=a.lr_batches, lr_grid=a.lr_grid, lr_epochs=a.lr_epochs, lr_size=a.lr_size)
+        result["lr"] = lr_rule(a, data, work, log)
     result["bench_seconds"] = time.time() - t0
     result["machine"]["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     report(result, log)

@@ -113,6 +113,38 @@ def test_bench_smoke(tmp_path):
     assert rows["plain"]["ratio"] == 1.0
     assert rows["val-tta flip"]["val_ratio"] > 0
     (ramp,) = [name for name in rows if name.startswith("resolution ramp")]
-    assert rows[ramp]["sizes"] == [32]  # one epoch of the recipe at 64 px: the ramp's low size, 32 px
-    assert rows[ramp]["ratio"] == rows["plain at 32 px"]["ratio"]
+    assert rows[ramp]["sizes"] == [64]  # one epoch of the recipe at 64 px: no ramp, the size given throughout
+    assert rows[ramp]["ratio"] == 1.0 and not any(name.startswith("plain at") for name in rows)
     assert "| plain |" in proc.stdout and "median over seeds" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bench_lr_smoke(tmp_path):
+    """--only lr --smoke: --recipe fast at a batch FFCV did not publish, once with each rule's LR and 0.1; the JSON
+    names each LR's source and the recipe's own rule is one of them."""
+    work = tmp_path / "work"
+    args = [PY, "-m", "bench.digits_recipes", "--only", "lr", "--smoke", "--work-dir", str(work), "--json",
+            str(tmp_path / "r.json")]
+    if not HAVE_SKLEARN:
+        data = str(tmp_path / "scans")
+        make_dataset.write_digits(data, *scans([8] * 10), size=32)
+        args += ["--data", data]
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS)
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(str(tmp_path / "r.json")) as f:
+        r = json.load(f)
+    assert r["lr_batches"] == [16] and r["lr_epochs"] == 1 and "accuracy" not in r and "techniques" not in r
+    b = r["lr"]["16"]
+    by = b["by_name"]
+    assert by["linear"]["lr"] == pytest.approx(0.5 * 16 / 1024, rel=1e-3)
+    assert by["square root"]["lr"] == pytest.approx(0.5 * (16 / 1024.0) ** 0.5, rel=1e-3)
+    assert by["examples' default"]["lr"] == 0.1
+    from trainer import recipes
+    assert by["recipe rule"]["lr"] == pytest.approx(recipes.scale("resnet18_ffcv_16", 1, {"batch_size": 16})[0]["lr"],
+                                                    rel=1e-3)
+    assert len(b["lrs"]) == len({row["lr"] for row in b["lrs"]}) >= 3
+    for row in b["lrs"]:
+        assert 0 <= row["final_acc1"] <= row["best_acc1"] <= 100 and row["train_seconds"] > 0
+    assert b["tuned_lr"] in [row["lr"] for row in b["lrs"]]
+    assert "| 16 | 0.1 | examples' default" in proc.stdout

@@ -23,3 +23,16 @@ def test_fast_on_the_double_trains_with_amp_across_the_size_change(shapes, tmp_p
     assert s["train_resolutions"] == [{"from_epoch": 0, "size": 32}, {"from_epoch": 2, "size": 64}]
     assert (s["config"]["blurpool"], s["config"]["val_tta"], s["config"]["lr_schedule"]) == (True, "flip",
                                                                                               "triangular")
+
+
+def test_the_recipes_switches_turn_off_on_the_double(shapes, tmp_path):
+    # on an NPU the recipe turns --amp on: --no-amp trains in float32, --no-blurpool without the blur
+    proc = run_main([shapes, "--device", "npu", "--output-dir", str(tmp_path), "--recipe", "fast", "-a", "resnet18",
+                     "--seed", "1", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "8", "-j", "0", "-p", "1",
+                     "--train-crop-size", "32", "--no-amp", "--no-blurpool"], env=fake_env())
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    line = [n for n in proc.stdout.splitlines() if n.startswith("note: recipe fast (from resnet18_ffcv_16) set: ")]
+    assert len(line) == 1 and "--amp" not in line[0] and "--blurpool" not in line[0]
+    s = read_summary(tmp_path)
+    assert s["status"] == "ok" and s["device"].startswith("npu")
+    assert (s["config"]["amp"], s["config"]["blurpool"]) == (False, False)

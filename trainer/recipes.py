@@ -14,13 +14,16 @@ Recipes with ``"rule": "ffcv"`` (FFCV's ResNet configurations, ``resnet50_ffcv_1
 ``fast``) are then placed for the run (``ffcv_rule``), as FFCV's own configurations are for their epoch budgets:
   lr peak      epoch 2, or an eighth of the run when that is sooner (every FFCV configuration: 2)
   ramp         --start-ramp round(3E/4) - 1, --end-ramp round(7E/8) - 1 for E epochs (FFCV's configurations for
-               16, 24, 32, 40, 56 and 88 epochs all follow it: 16 -> 11, 13; 88 -> 65, 76)
+               16, 24, 32, 40, 56 and 88 epochs all follow it: 16 -> 11, 13; 88 -> 65, 76), at most E - 2 and E - 1,
+               so that the last epoch trains at the final size (2 -> 0, 1); one epoch: no ramp, the final size
+               throughout
   a size       a --train-crop-size C given is the last training size: the ramp rises to --max-res C from
                --min-res the largest multiple of 32 at or below FFCV's 160/192 of C (C 192 -> 160, 224 -> 160,
                64 -> 32); where C is not a multiple of 32, or that is under 32 (C 32), C throughout. The test
-               size scales with C: --val-crop-size round(256 C / 224) (FFCV's 256 for 224-class training) from
-               128 px on, C below (a stride-32 network's last map would grow from 1 x 1 to 2 x 2 at 32 px:
-               measured, a loss of 29 points on the digits); the resize follows (--val-resize-size's default)
+               size scales with C: --val-crop-size round(C x FFCV_TEST_RATIO) (FFCV's 256 after training ends at
+               192: 192 -> 256, 160 -> 213, 128 -> 171) from 128 px on, C below (a stride-32 network's last map
+               would grow from 1 x 1 to 2 x 2 at 32 px: measured, a loss of 29 points on the digits); the resize
+               follows (--val-resize-size's default)
   device       --amp where the device computes in half precision (NPU, CUDA); --channels-last on CUDA (elsewhere
                the device's memory format: a CPU's is already NHWC, an NPU's NCHW)
 ``fast`` takes every value from the recipe its -a maps to (``base``: the bottleneck ResNets resnet50_ffcv_16's,
@@ -43,6 +46,14 @@ META = ("rank_size", "source", "rule", "expect", "base")
 SCALED = ("batch_size", "lr", "workers", "warmup_epochs", "epochs")
 # --recipe fast with a --train-crop-size below this: validation at the training size (ffcv_rule)
 SCALED_TEST_FROM = 128
+# FFCV's test size over its last training size: validation.resolution 256 after resolution.max_res 192 in every
+# configuration (rn50_configs, rn18_configs); a --train-crop-size C given validates at round(C x this) (ffcv_rule)
+FFCV_TEST_RATIO = 256.0 / 192.0
+# what the digits showed of the linear LR rule at batches below FFCV's (scaled_lr; docs/BENCHMARKS.md, "The LR at
+# batches FFCV did not publish")
+BELOW_MEASURED = ("on the digits it trained better than pytorch/examples' 0.1 and the square-root rule at batches "
+                  "32 and 64, and a lower --lr better still at 32, 64 and 256 (docs/BENCHMARKS.md, \"The LR at "
+                  "batches FFCV did not publish\")")
 # the resolution schedule's sizes: trainer/data/resolution.py's MULTIPLE, repeated here because importing
 # trainer.data imports torch and this module is read before torch is (modelzoo/plan.py)
 MULTIPLE = 32
@@ -81,10 +92,9 @@ def scale(name, ranks, explicit=None):
                 batch, name, r["batch_size"], r_ranks))
     lr = given.get("lr")
     if lr is None:
-        lr = r["lr"] if batch == r["batch_size"] else float("{:.6g}".format(r["lr"] * batch / r["batch_size"]))
-        if batch != r["batch_size"]:
-            notes.append("lr {:g}: recipe {} has {:g} for batch {}, scaled linearly to batch {}".format(
-                lr, name, r["lr"], r["batch_size"], batch))
+        lr, note = scaled_lr(name, batch)
+        if note:
+            notes.append(note)
     workers = given.get("workers")
     if workers is None and "workers" in r:
         workers = r["workers"] * ranks // r_ranks
@@ -105,6 +115,37 @@ def scale(name, ranks, explicit=None):
     return values, notes
 
 
+def published_batches(name):
+    """(lowest, highest) global batch the source of recipe ``name`` published an LR for, where the recipe follows a
+    source's rule (``"rule": "ffcv"``: the batches of FFCV's configurations, 1024 and 4096), else None."""
+    rule = get(name).get("rule")
+    if rule is None:
+        return None
+    batches = sorted(r["batch_size"] for r in _table().values() if r.get("rule") == rule and "batch_size" in r)
+    return batches[0], batches[-1]
+
+
+def scaled_lr(name, batch):
+    """(lr, note or None): recipe ``name``'s LR at global ``batch``, linear in the batch (Goyal et al.'s rule:
+    between FFCV's published batches as FFCV's own pair is, 0.5 for 1024 and 1.7 for 4096; below them the rule
+    measured on the digits, BELOW_MEASURED; above them not measured here), and the note naming the rule."""
+    r = get(name)
+    if batch == r["batch_size"]:
+        return r["lr"], None
+    lr = float("{:.6g}".format(r["lr"] * batch / r["batch_size"]))
+    note = "lr {:g}: recipe {} has {:g} for batch {}, scaled linearly to batch {}".format(
+        lr, name, r["lr"], r["batch_size"], batch)
+    published = published_batches(name)
+    if published is None or published[0] <= batch <= published[1]:
+        return lr, note
+    if batch < published[0]:
+        return lr, note + (" (the linear rule below the batches FFCV published, {} to {}: {})".format(
+            published[0], published[1], BELOW_MEASURED))
+    return lr, note + (" (the linear rule above the batches FFCV published, {} to {}: not measured here; plain SGD "
+                       "loses accuracy at batches of roughly 8k and more, where --optimizer lars is the choice)"
+                       .format(published[0], published[1]))
+
+
 def base_of(name, arch):
     """The recipe whose values ``name`` takes for network ``arch``: ``name`` itself, or the first of its ``base``
     entries whose patterns match ``arch``."""
@@ -118,10 +159,21 @@ def base_of(name, arch):
 
 
 def ffcv_ramp(epochs):
-    """(start_ramp, end_ramp) for a run of ``epochs``, as FFCV's configurations place them."""
+    """(start_ramp, end_ramp) for a run of ``epochs``, as FFCV's configurations place them, and never so late that
+    the last epoch misses the final size (start_ramp at most epochs - 2, end_ramp at most epochs - 1); None for a
+    run of one epoch (no ramp: the final size throughout)."""
     def rounded(x):
         return max(0, int(math.floor(x + 0.5)))
-    return max(0, rounded(0.75 * epochs) - 1), max(0, rounded(0.875 * epochs) - 1)
+    if epochs < 2:
+        return None
+    return (max(0, min(rounded(0.75 * epochs) - 1, epochs - 2)),
+            max(0, min(rounded(0.875 * epochs) - 1, epochs - 1)))
+
+
+def ffcv_test_size(crop):
+    """The test size ``--recipe fast`` gives a --train-crop-size ``crop``: FFCV's (``FFCV_TEST_RATIO`` of it) from
+    ``SCALED_TEST_FROM`` px on, ``crop`` itself below."""
+    return int(math.floor(crop * FFCV_TEST_RATIO + 0.5)) if crop >= SCALED_TEST_FROM else crop
 
 
 def ffcv_peak(epochs, peak=2.0):
@@ -146,10 +198,16 @@ def ffcv_rule(recipe, values, given):
     epochs = values["epochs"]
     if epochs != recipe["epochs"]:
         values["lr_peak_epoch"] = ffcv_peak(epochs, recipe.get("lr_peak_epoch", 2.0))
-        values["start_ramp"], values["end_ramp"] = ffcv_ramp(epochs)
+        ramp = ffcv_ramp(epochs)
+        if ramp is None:  # one epoch: no ramp, the last size throughout
+            values["train_crop_size"] = values["max_res"]
+            for dest in ("min_res", "max_res", "start_ramp", "end_ramp"):
+                values.pop(dest, None)
+        else:
+            values["start_ramp"], values["end_ramp"] = ramp
     if "train_crop_size" in given:
         crop = int(given["train_crop_size"])
-        sizes = ffcv_sizes(crop, recipe)
+        sizes = ffcv_sizes(crop, recipe) if "start_ramp" in values else None
         if sizes is None:
             for dest in ("min_res", "max_res", "start_ramp", "end_ramp"):
                 values.pop(dest, None)
@@ -158,8 +216,7 @@ def ffcv_rule(recipe, values, given):
         # FFCV's higher test size scaled with the training size; below SCALED_TEST_FROM px (a stride-32 network's
         # last map under 4 x 4) the test size is the training size: on the digits at 32 px a model validated at
         # 37 px scored 62.4 % Acc@1, at 32 px 91.4 % (docs/BENCHMARKS.md, "Why 96 px")
-        values["val_crop_size"] = (int(math.floor(recipe["val_crop_size"] * crop / 224.0 + 0.5))
-                                   if crop >= SCALED_TEST_FROM else crop)
+        values["val_crop_size"] = ffcv_test_size(crop)
     return values
 
 
@@ -194,7 +251,8 @@ def flag_defaults(name, ranks, explicit=None, ns=None):
     values.update(scaled)
     if source != name:
         values.pop("arch", None)  # fast: the network is the run's
-    if values.get("blurpool") and ns is not None and not _blurpool_applies(values.get("arch") or ns.arch, ns):
+    if values.get("blurpool") and "blurpool" not in given and ns is not None and \
+            not _blurpool_applies(values.get("arch") or ns.arch, ns):
         values.pop("blurpool")
         notes.append("the recipe's --blurpool is for ResNets: -a {} trains without it".format(ns.arch))
     if recipe.get("rule") == "ffcv":

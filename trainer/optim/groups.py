@@ -1,8 +1,10 @@
 """Parameter groups by weight decay: the weights, and the normalisation layers' parameters with every bias.
 
 ``--norm-weight-decay WD`` (torchvision's reference's name: the weight decay of normalisation layers) is the
-weight decay of the second group, which, as in FFCV's and MLPerf's ResNet-50 recipes, holds the biases too
-(torchvision's ``--bias-weight-decay``). Not given: SGD keeps one group at ``--wd``; LARS keeps its exclusion
+weight decay of the second group, which holds the biases too (torchvision's ``--bias-weight-decay``), as MLPerf's
+ResNet-50 exempts them. FFCV's recipes exempt only BatchNorm parameters (its train_imagenet.py: the parameters
+whose names hold "bn", so a ResNet's shortcut BatchNorm, ``downsample.1``, is decayed there) and decay the
+classifier's bias; here both are in this group. Not given: SGD keeps one group at ``--wd``; LARS keeps its exclusion
 (no weight decay there, MLPerf's). A model is split by module type and parameter name, bare parameters by shape
 (1-D: a bias or a norm layer's scale).
 
