@@ -9,7 +9,8 @@ The spine:  flags      argparse: the command line, its types and defaults
             engine     train / validate loops (the Trainer's)
 Its leaves: cli, errors (one-line errors, exit code 2), recipes (recipes.json and the one scaling rule), zoo
             (ModelZoo's entry flags), graph (--compile), guard (divergence: non-finite losses and weights stop a
-            run), device_names (the kinds, without importing torch)
+            run), device_names (the kinds, without importing torch), interpreter (a Python without the packages:
+            one line naming the one to use)
 
 Subsystems: device     the only package naming npu/cuda/cpu
             data       folders, fixed-shape loaders, the device decode backend

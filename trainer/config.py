@@ -12,9 +12,9 @@ import dataclasses
 import os
 from typing import NamedTuple, Optional, Tuple, Union
 
-from trainer.device_names import canonical_kind
+from trainer.device_names import canonical_kind, without_accelerator
 from trainer.errors import UsageError
-from trainer import flags
+from trainer import align, flags
 from trainer.flags import (DEVICES, OPT_LEVELS, PUBLISHED, _normalise_device_list,  # noqa: F401
                            build_parser, parse_device_list, parse_profile_steps)  # (re-exported)
 from trainer.optim import DEFAULT_OPTIMIZER
@@ -42,6 +42,8 @@ class DataConfig(_Section):
     start_ramp: Optional[int] = None
     end_ramp: Optional[int] = None
     val_tta: str = "none"  # none | flip: validation averages the logits of each image and its mirror
+    # a size flag (SIZES) was on the command line; else -e --resume evaluates at the checkpoint's sizes (plan.py)
+    sizes_given: bool = False
     # the device backend's ways of working (data.LoaderSpec); None: the device's choice. No flags: set by tools
     decode_ahead: Optional[bool] = None
     batched_crops: Optional[bool] = None
@@ -126,7 +128,7 @@ class LaunchConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig(_Section):
+class RunConfig(_Section, align.RunFields):
     """The run itself: its length and batch, what it resumes, where it writes, what it shows."""
     epochs: int = 90
     start_epoch: int = 0
@@ -170,8 +172,8 @@ FLAT_ORDER = """
     sync_bn broadcast_buffers dist_timeout combine_ddp optimizer pretrained_published decode_ahead batched_crops
     compile compile_mode lr_step_unit warmup_offset skip_steps checkpoint_prefix checkpoint_freq move_earlier_run
     modelzoo float32_math cpu_binding jit_compile internal_format pin_memory preset lr_peak_epoch norm_weight_decay
-    model_ema model_ema_steps model_ema_decay min_res max_res start_ramp end_ramp val_tta blurpool
-""".split()
+    model_ema model_ema_steps model_ema_decay min_res max_res start_ramp end_ramp val_tta blurpool sizes_given
+""".split() + list(align.FIELDS)
 
 
 def _flat_names():
@@ -322,6 +324,7 @@ def _check_short_schedule(ns, explicit, lr_schedule, warmup_epochs):
 
 
 RESOLUTION = ("min_res", "max_res", "start_ramp", "end_ramp")  # the schedule's dests (FFCV's names)
+SIZES = ("train_crop_size", "val_resize_size", "val_crop_size") + RESOLUTION  # the size flags' dests
 FFCV_CROP_RATIO = 224.0 / 256.0  # FFCV's validation crop: the centre crop is this fraction of the resized side
 
 
@@ -402,6 +405,10 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
     data = ns.data or ns.data_opt
     if not ns.dummy and not data:
         raise UsageError("no data set given: pass DIR (an ImageNet-style folder) or --dummy for synthetic data")
+    device = without_accelerator(canonical_kind(ns.device)) if ns.no_accel else canonical_kind(ns.device)
+    if device is None:  # --no-accel (pytorch/examples' flag: the CPU, whatever accelerator is present)
+        raise UsageError("--device {} and --no-accel contradict each other: --no-accel runs on the CPU; drop one"
+                         .format(ns.device))
     if ns.opt_level is not None and ns.opt_level not in OPT_LEVELS:
         raise UsageError("--opt-level must be O1 or O2, got '{}'".format(ns.opt_level))
     val_resize_size, val_crop_size = _val_sizes(ns)
@@ -454,7 +461,8 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
         data=DataConfig(root=data, dummy=ns.dummy, workers=ns.workers, train_crop_size=train_crop_size,
                         crop_scale_min=ns.crop_scale_min, val_resize_size=val_resize_size,
                         val_crop_size=val_crop_size, data_backend=ns.data_backend, min_res=min_res, max_res=max_res,
-                        start_ramp=start_ramp, end_ramp=end_ramp, val_tta=ns.val_tta),
+                        start_ramp=start_ramp, end_ramp=end_ramp, val_tta=ns.val_tta,
+                        sizes_given=bool(set(SIZES) & set(explicit))),
         model=ModelConfig(arch=ns.arch, name=model, model_impl=ns.model_impl,
                           pretrained=None if ns.pretrained == PUBLISHED else ns.pretrained,
                           pretrained_published=ns.pretrained == PUBLISHED, num_classes=ns.num_classes,
@@ -469,7 +477,7 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
         precision=PrecisionConfig(amp=amp, float32_math=float32_math, amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype,
                                   opt_level=ns.opt_level, loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp,
                                   preset=tuple(preset)),
-        launch=LaunchConfig(device=canonical_kind(ns.device), device_index=ns.gpu, mode=dist["launch"],
+        launch=LaunchConfig(device=device, device_index=ns.gpu, mode=dist["launch"],
                             world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
                             node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"],
                             dist_url=dist["dist_url"], dist_backend=ns.dist_backend,
@@ -487,6 +495,6 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
                       progress=ns.progress, tensorboard_dir=(ns.tensorboard_dir or os.path.join(
                           output_dir, "tensorboard")) if ns.tensorboard else None,
                       skip_steps=ns.skip_steps, checkpoint_prefix=ns.checkpoint_prefix,
-                      checkpoint_freq=ns.checkpoint_freq, modelzoo=entry,
+                      checkpoint_freq=ns.checkpoint_freq, modelzoo=entry, **align.run_fields(ns, explicit),
                       move_earlier_run=not ({"output_dir", "workspace"} & set(explicit)) and dist["resume"] is None),
     ), notes

@@ -18,7 +18,8 @@ class Loops:
     """``train_one_epoch`` and ``validate``, the epoch loops of trainer.trainer.Trainer (which owns the parts they
     read: ``model``, ``criterion``, ``eval_criterion``, ``step`` (the OptimizerStep), ``precision``, ``device``,
     ``dist``, ``normalize``, ``schedule``, ``ema`` (--model-ema's average, or None), ``plan``, ``log``, ``profiler``,
-    ``recorder``, ``zoo``; and the state they keep: ``stop_requested``, ``first_steps``)."""
+    ``recorder``, ``zoo``, ``dumper`` (--precision-dump's, or None), ``batch_print`` (--deterministic's fingerprint of
+    the first batches, or None); and the state they keep: ``stop_requested``, ``first_steps``)."""
 
     def autocast(self):
         return self.device.autocast(self.precision.dtype if self.precision.impl == "native" else None)
@@ -45,6 +46,8 @@ class Loops:
         rec.start_epoch(epoch, steps)
         for i, (images, target) in clock.batches(loader, steps):
             batch = images.shape[0]
+            if self.batch_print is not None and self.batch_print.add(images, target):
+                self._record_batches()
             set_lr(optimizer, self.schedule(epoch, i))
             x, y = self.normalize(images), self._targets(target)
             if compiling and i == 0:
@@ -104,12 +107,24 @@ class Loops:
         return stats
 
     def _step(self, x, y):
-        """Forward, loss, backward and the optimizer step: (output, loss, the step's skipped flag)."""
+        """Forward, loss, backward and the optimizer step: (output, loss, the step's skipped flag). --precision-dump:
+        msprobe's dump starts before the forward pass and stops after the optimizer step."""
+        if self.dumper is not None:
+            self.dumper.start()
         with self.autocast():
             output = self.model(x)
             loss = self.criterion(output, y)
         self.step.zero_grad()
-        return output, loss, self.step(loss)
+        skipped = self.step(loss)
+        if self.dumper is not None:
+            self.dumper.stop()
+        return output, loss, skipped
+
+    def _record_batches(self):
+        """--deterministic: the fingerprint of the first batches so far, in the summary."""
+        if self.summary is not None:
+            self.summary.data.setdefault("alignment", {}).update(
+                batches_sha256=self.batch_print.value(), batches_steps=self.batch_print.steps)
 
     def _check(self, guard, epoch, counters):
         guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale, counters)

@@ -39,6 +39,22 @@ def parse_device_list(text):
     return tuple(ids)
 
 
+DUMP_LEVELS = ("L0", "L1", "mix")  # msprobe's levels that --dump-level offers
+DUMP_TASKS = ("statistics", "tensor")
+
+
+def parse_dump_steps(text):
+    """``0``, ``0,3``, ``0-2`` -> sorted distinct global steps (--dump-steps)."""
+    steps = set()
+    for part in str(text).split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise argparse.ArgumentTypeError(
+                "--dump-steps: '{}' is not a step or a rising range (use e.g. 0, 0,3 or 0-2)".format(part.strip()))
+        steps.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return tuple(sorted(steps))
+
+
 def parse_profile_steps(text):
     m = re.fullmatch(r"(\d+):(\d+)", str(text).strip())
     if not m or int(m.group(2)) <= int(m.group(1)):
@@ -92,6 +108,9 @@ def build_parser():
     g.add_argument("--seed", type=int, default=None, help="seed for reproducible runs")
     g.add_argument("--gpu", type=number(int, 0), default=None,
                    help="device index for a single-process run (any device kind)")
+    g.add_argument("--no-accel", action="store_true",
+                   help="use the CPU even where an accelerator is present (--device cpu; with --device npu, cuda or "
+                        "gpu an error)")
     g.add_argument("--dummy", action="store_true",
                    help="synthetic batches made on the device (no decoding): for FPS runs")
 
@@ -103,6 +122,8 @@ def build_parser():
                         "same weights and outputs, faster); torchvision: torchvision's own network")
     d.add_argument("--amp", action="store_true",
                    help="mixed precision in --amp-dtype; float16 steps with inf/NaN gradients are skipped")
+    d.add_argument("--no-amp", dest="amp", action="store_false",
+                   help="float32 training (turns off a --recipe's --amp)")
     d.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
                    help="auto: bfloat16 (no loss scaling) on GPUs with native bfloat16, float16 + loss scaler "
                         "on older GPUs and on NPU, bfloat16 on CPUs with native bfloat16 and float32 on other "
@@ -153,7 +174,8 @@ def build_parser():
     t = p.add_argument_group("recipe")
     t.add_argument("--recipe", default=None, metavar="NAME",
                    help="defaults from a published recipe, adapted to the process count (batch per device "
-                        "kept, lr linear in the batch): " + ", ".join(recipes.names()))
+                        "kept, lr linear in the batch; a note names the rule where the batch is outside the "
+                        "source's published ones): " + ", ".join(recipes.names()))
     t.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default=DEFAULT_OPTIMIZER,
                    help="sgd: SGD with momentum (the device's fused kernel where it has one); lars: SGD momentum "
                         "with a layer-wise trust ratio, for large global batches")
@@ -168,9 +190,10 @@ def build_parser():
     t.add_argument("--warmup-epochs", type=number(float, 0.0), default=0.0,
                    help="linear LR warm-up, in epochs (fractions allowed)")
     t.add_argument("--norm-weight-decay", type=number(float, 0.0), default=None, metavar="WD",
-                   help="weight decay of the normalisation layers' parameters and of all biases, a parameter "
-                        "group of their own (torchvision's reference's flag; biases too, as FFCV's and MLPerf's "
-                        "ResNet-50); default: --wd for sgd, 0 for lars")
+                   help="weight decay of the normalisation layers' parameters and of every bias, a parameter "
+                        "group of their own (torchvision's reference's name; the biases too, as MLPerf's ResNet-50 "
+                        "exempts them; FFCV's recipes exempt only BatchNorm parameters, so the classifier's bias, "
+                        "decayed there, is not here); default: --wd for sgd, 0 for lars")
     t.add_argument("--model-ema", action="store_true",
                    help="keep an exponential moving average of the weights (torchvision's reference): validated "
                         "beside the weights (Test EMA lines), saved in checkpoints as model_ema; with --evaluate, "
@@ -218,6 +241,8 @@ def build_parser():
     r.add_argument("--blurpool", action="store_true",
                    help="ResNets: a fixed 3x3 binomial blur before every strided convolution of 16 or more input "
                         "channels (FFCV's BlurPoolConv2d); state dicts keep the plain network's keys")
+    r.add_argument("--no-blurpool", dest="blurpool", action="store_false",
+                   help="no BlurPool (turns off a --recipe's --blurpool)")
 
     o = p.add_argument_group("run control and outputs")
     o.add_argument("--output-dir", default=".", metavar="DIR",
@@ -244,6 +269,28 @@ def build_parser():
     o.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                    help="write no TensorBoard event files")
     o.add_argument("--list-models", action="store_true", help="print the model names and exit")
+
+    a = p.add_argument_group(
+        "precision alignment (msprobe)",
+        "dumps for layer-by-layer comparison with Ascend's msprobe (pip install mindstudio-probe) and runs that "
+        "repeat on another machine; python3 -m tools.align compares them (docs/TOOLS.md)")
+    a.add_argument("--precision-dump", default=None, metavar="DIR",
+                   help="dump the --dump-steps training steps through msprobe's PrecisionDebugger into "
+                        "DIR/step<k>/rank<r>/ (started before the forward pass, stopped after the optimizer step)")
+    a.add_argument("--dump-steps", type=parse_dump_steps, default=(0,), metavar="STEPS",
+                   help="--precision-dump: global training steps (from 0) to dump: 0,3 or 0-2")
+    a.add_argument("--dump-level", choices=DUMP_LEVELS, default="L0",
+                   help="--precision-dump: msprobe's level: L0 modules, L1 torch APIs, mix both")
+    a.add_argument("--dump-task", choices=DUMP_TASKS, default="statistics",
+                   help="--precision-dump: msprobe's task: statistics (max, min, mean, norm of each tensor) or "
+                        "tensor (every tensor as .npy as well)")
+    a.add_argument("--dump-config", default=None, metavar="FILE.json",
+                   help="--precision-dump: msprobe's own config.json (task, level, step, scope, list, ...) in place "
+                        "of --dump-steps, --dump-level and --dump-task")
+    a.add_argument("--deterministic", action="store_true",
+                   help="for alignment runs (needs --seed): msprobe's seed_all with dropout removed where msprobe "
+                        "is installed, Dropout at p=0, the device's deterministic algorithms; summary.json records "
+                        "the fingerprints of the initial weights and of the first batches")
 
     z = p.add_argument_group(
         "Ascend ModelZoo flags",

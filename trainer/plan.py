@@ -9,18 +9,20 @@ fit the model, the memory format, the output folder. What it decided travels in 
 file it may write is torchvision's published weights (``--pretrained`` alone), downloaded into torch's cache.
 
 A ``Plan`` answers as the config does (``plan.run.epochs``, ``plan.launch.world_size``): the sections it decided
-(``launch``, ``model``, ``precision``) carry the decisions, the others are the config's as asked; ``plan.cfg`` is
-the config untouched and ``plan.as_dict()`` what checkpoints and summaries record under "config".
+(``launch``, ``model``, ``precision``, ``run``'s batch and, for ``-e --resume``, ``data``'s validation sizes) carry
+the decisions, the others are the config's as asked; ``plan.cfg`` is the config untouched and ``plan.as_dict()``
+what checkpoints and summaries record under "config".
 """
 import dataclasses
 import os
 from typing import Optional, Tuple
 
-from trainer import cli, data
+import models
+from trainer import cli, data, inputs, zoo
 from trainer.job import launch
 from trainer.precision import amp
 from trainer.record import checkpoint
-from trainer.config import FLAT, Config, LaunchConfig, ModelConfig, PrecisionConfig
+from trainer.config import FLAT, Config, DataConfig, LaunchConfig, ModelConfig, PrecisionConfig, RunConfig
 from trainer.device import Device
 from trainer.errors import UsageError
 
@@ -28,7 +30,7 @@ from trainer.errors import UsageError
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One run's facts, decided by ``plan``. Spawned ranks get the plan of their place (``placed``). Besides its
-    fields, a plan has the config's other sections as attributes: ``data``, ``optim``, ``run``."""
+    fields, a plan has the config's ``optim`` as an attribute (and ``data``, ``run`` where not decided)."""
     cfg: Config  # what was asked
     kind: str  # the device kind (npu | cuda | cpu)
     launch: LaunchConfig  # the config's, with the kind, the backend and this process's place and device decided
@@ -37,10 +39,14 @@ class Plan:
     weights: Optional[checkpoint.File] = None  # --pretrained's file (read at most once a process)
     resume: Optional[checkpoint.File] = None  # the checkpoint to resume or evaluate (read at most once a process)
     notes: Tuple[str, ...] = ()
+    shown: Tuple[str, ...] = ()  # notes printed as they arose (an earlier run moved aside): the log leaves them out
+    run: Optional[RunConfig] = None  # the config's, with the global batch decided for the data set (None: as asked)
+    data: Optional[DataConfig] = None  # the config's; -e --resume: the checkpoint's sizes where none was given
 
     def __post_init__(self):
-        for name in ("data", "optim", "run"):  # decided as asked
-            object.__setattr__(self, name, getattr(self.cfg, name))
+        for name in ("data", "optim", "run"):  # decided as asked unless the plan decided otherwise
+            if getattr(self, name, None) is None:
+                object.__setattr__(self, name, getattr(self.cfg, name))
 
     def as_dict(self):
         """Every setting under its flat name, as decided (checkpoints' and summaries' "config")."""
@@ -61,8 +67,15 @@ def plan(cfg, env=None, notes=()):
     run = cfg.run
     notes = list(notes)
 
-    # the network asked for exists
+    # the inputs that need no torch: the data set's folders and classes, the files named, the output folder
+    # (trainer/inputs.py; main.py checks them before torch is imported)
+    found = inputs.check(cfg).classes
+
+    # the network asked for exists, and takes the options given
     cli.check_arch(cfg.model.arch)
+    if cfg.model.zero_init_residual and cfg.model.name not in models.blurpool_archs():
+        raise UsageError("--zero-init-residual applies to torchvision's ResNets (resnet*, resnext*, wide_resnet*), "
+                         "not to -a {}: drop it".format(cfg.model.arch))
 
     # the device kind (auto: the first kind that sees a device)
     kind = Device.resolve_kind(cfg.launch.device)
@@ -95,12 +108,19 @@ def plan(cfg, env=None, notes=()):
     # the data set, and the classifier's size against its class folders
     num_classes, classes_from = cfg.model.num_classes, "--num-classes"
     if not cfg.data.dummy:
-        data.check_data_root(cfg.data.root, need_train=not run.evaluate)
-        found = len(data.class_folders(cfg.data.root))
-        if num_classes is None:
+        if num_classes is None:  # (not below the class folders: inputs.check)
             num_classes, classes_from = found, "the data's class folders"
-        elif num_classes < found:
-            raise UsageError("--num-classes {} is below the {} class folders in the data".format(num_classes, found))
+        if not run.evaluate:  # the batch: lowered to what train/ holds where it holds less than one batch
+            world = section.nodes * len(section.device_list) if section.mode == "spawn" else section.world_size
+            batch_size, note = data.fit_batch(cfg.data.root, run.batch_size, world)
+            if note:
+                notes.append(note)
+                run = dataclasses.replace(run, batch_size=batch_size)
+            if run.skip_steps is not None:  # ModelZoo's --skip_steps leaves steps of an epoch to time
+                at_most = (run.skip_steps + 1) * run.batch_size
+                steps = data.count_train(os.path.join(cfg.data.root, "train"), data.class_folders(cfg.data.root),
+                                         at_most) // run.batch_size
+                zoo.check_skip_steps(run.skip_steps, min(steps, run.max_steps_per_epoch or steps))
     elif num_classes is None:
         num_classes, classes_from = 1000, "--dummy data"
 
@@ -129,6 +149,10 @@ def plan(cfg, env=None, notes=()):
         raise UsageError("'{}' was trained {} --blurpool: {} as it was trained ({} --blurpool)".format(
             resume.path, "with" if was else "without", "evaluate it" if run.evaluate else "resume it",
             "add" if was else "drop"))
+    sizes = cfg.data
+    if run.evaluate and isinstance(saved, dict) and not cfg.data.sizes_given:
+        sizes, note = _checkpoint_sizes(cfg.data, saved, resume.path)
+        notes += [note] if note else []
 
     # --model-ema: without validation the average is kept and saved only; --evaluate evaluates a checkpoint's
     if cfg.optim.model_ema and not run.validate:
@@ -144,18 +168,30 @@ def plan(cfg, env=None, notes=()):
     if weights is not None or resume is not None:
         own = checkpoint.model_shapes(cfg.model.name, num_classes)
         notes += checkpoint.check_checkpoints(weights, resume, cfg.model.pretrained_published, own,
-                                              "--arch {} with {} classes ({})".format(
-                                                  cfg.model.arch, num_classes, classes_from))
+                                              "--arch {} with {} ({})".format(
+                                                  cfg.model.arch, cli.counted(num_classes, "class"), classes_from))
 
     # the memory format: the device's where not asked
     channels_last = cfg.model.channels_last
     if channels_last is None:
         channels_last = device_class.prefers_channels_last
 
-    # the output folder
-    if os.path.exists(run.output_dir) and not os.path.isdir(run.output_dir):
-        raise UsageError("--output-dir '{}' is a file, not a folder".format(run.output_dir))
-
     model = dataclasses.replace(cfg.model, channels_last=channels_last, pretrained=weights.path if weights else None)
     return Plan(cfg=cfg, kind=kind, launch=section, model=model, precision=precision, weights=weights,
-                resume=resume, notes=tuple(notes))
+                resume=resume, notes=tuple(notes), run=run, data=sizes)
+
+
+def _checkpoint_sizes(asked, saved, path):
+    """(data section, note or None) for ``-e --resume`` without a size flag: the validation sizes the checkpoint
+    records (its run's "config"), where they differ from the defaults."""
+    sizes = {k: saved.get(k) for k in ("val_resize_size", "val_crop_size")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes.values()) or \
+            sizes["val_crop_size"] > sizes["val_resize_size"]:
+        return asked, None
+    now = (asked.val_resize_size, asked.val_crop_size)
+    if now == (sizes["val_resize_size"], sizes["val_crop_size"]):
+        return asked, None
+    return dataclasses.replace(asked, **sizes), (
+        "-e evaluates '{}' at the sizes its run validated at, --val-resize-size {} --val-crop-size {} (not {} / {}); "
+        "give the size flags to evaluate at others".format(path, sizes["val_resize_size"], sizes["val_crop_size"],
+                                                           *now))

@@ -51,6 +51,8 @@ def worker(plan, amp_timer=None):
         bound = affinity.bind(section, plan.kind)  # before any thread or data worker starts
         device = Device.create(plan.kind, section.device_index)
         settings = device.configure(section)
+        if plan.run.deterministic:  # before the process group starts: HCCL reads HCCL_DETERMINISTIC then
+            settings["deterministic"] = device.deterministic()
         host_memory = Device.of(plan.kind).keep_host_memory()
         dist = distributed.init(section, device)
     except RendezvousError as exc:

@@ -16,7 +16,8 @@ import secrets
 import torch
 
 import models
-from trainer import data, graph, optim, zoo
+from trainer import align, data, graph, optim, zoo
+from trainer.cli import counted
 from trainer.job import affinity
 from trainer.precision import amp, amp_probe
 from trainer.record import checkpoint, folders, metrics, observe
@@ -55,22 +56,32 @@ class Trainer(Loops):
             self.seed = resume.seed if resume is not None and resume.seed is not None else secrets.randbits(31)
             self.seed = dist.broadcast_int(self.seed, device)  # every rank must shuffle alike
         device.manual_seed(self.seed)
+        align_note = align.seed_all(self.seed, device) if run.deterministic else None
 
         self.train_loader, self.val_loader, self.info = data.build(
             plan.data, device, data.Sampling(self.batch_per_rank, dist.rank, world, self.workers, self.seed),
             need_train=not run.evaluate, channels_last=plan.model.channels_last, num_classes=plan.model.num_classes)
         self.num_classes = plan.model.num_classes or self.info.num_classes
         self.model = build_model(plan.model, self.num_classes, device, world, plan.weights)
+        self.dumper, self.batch_print = None, None  # --precision-dump's msprobe; --deterministic's batch fingerprint
+        if run.deterministic or run.precision_dump is not None:  # what tools/align.py config compares
+            self.batch_print = align.BatchFingerprint()
+            n = align.remove_dropout(self.model) if run.deterministic else 0
+            if summary is not None:
+                summary.update(alignment=align.record(self.seed, run.deterministic, n, self.model))
         self.precision = amp.resolve(plan.precision, device, world, amp_probe.for_run(
             plan, self.model, device, dist, self.batch_per_rank, timer=amp_timer))
-        log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {} warm-up epochs) "
-            "| amp {} | data {} ({} classes, {} train / {} val images, {} backend, {} workers per process)".format(
+        log("=> {} on {} | {} process(es) | batch {} per device, {} global | lr {} ({} schedule, {}) "
+            "| amp {} | data {} ({}, {} train / {}, {} backend, {} per process)".format(
                 plan.model.arch, device.name, world, self.batch_per_rank, run.batch_size, plan.optim.lr,
-                plan.optim.lr_schedule, plan.optim.warmup_epochs, amp_label(self.precision), self.info.layout,
-                self.num_classes, self.info.train_images, self.info.val_images, self.info.backend, self.workers),
+                plan.optim.lr_schedule, counted(plan.optim.warmup_epochs, "warm-up epoch"), amp_label(self.precision),
+                self.info.layout, counted(self.num_classes, "class"), self.info.train_images,
+                counted(self.info.val_images, "val image"), self.info.backend, counted(self.workers, "worker")),
             all_ranks=True)
         if self.info.note:
             log("note: " + self.info.note)
+        if align_note:
+            log("note: " + align_note)
         self.normalize = data.Normalizer(device, plan.model.channels_last)
         self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=plan.optim.label_smoothing)
         self.zoo = metrics.ZooLines(run.modelzoo, device.index)  # the lines ModelZoo's scripts grep
@@ -114,6 +125,9 @@ class Trainer(Loops):
                                  self.steps, plan.optim.lr_step_unit, plan.optim.warmup_offset,
                                  plan.optim.lr_peak_epoch)
         zoo.check_skip_steps(plan.run.skip_steps, self.steps)
+        if plan.run.precision_dump is not None:
+            self.dumper = align.Dumper(plan.run, self.dist.rank, self.start_epoch * self.steps,
+                                       _unwrap(self.model_for_eval), log)
         if plan.run.profile_steps is not None:
             from trainer.record.profiling import StepProfiler
             self.profiler = StepProfiler(plan.run.profile_steps, plan.run.profile_stop, device, plan.run.output_dir,
@@ -169,7 +183,8 @@ class Trainer(Loops):
     def _log_notes(self, notes):
         """Each note as a ``note:`` line of the log, and all of them in the summary."""
         for note in notes:
-            self.log("note: " + note)
+            if note not in self.plan.shown:  # (printed as it arose: record/folders.py's take_folder)
+                self.log("note: " + note)
         if self.summary is not None:
             self.summary.update(notes=list(notes))
 

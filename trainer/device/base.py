@@ -58,6 +58,7 @@ class Device:
     pin_memory = False  # the loaders pin host memory (--pin-memory: ``configure``)
     pin_memory_device = None  # the DataLoader's pin_memory_device where it needs one to pin for the device
     binds_host_cores = True  # --cpu-binding auto binds its ranks to slices of the host's cores (job/affinity.py)
+    computes_on_host_cores = False  # its ops run on the host's cores: a node's ranks share them (job/affinity.py)
     non_blocking = True
     target_dtype = torch.int64  # CrossEntropyLoss's target dtype on the device
     index_dtype = torch.int64  # index tensors of index_select-based models
@@ -424,6 +425,16 @@ class Device:
     # -- randomness
     def manual_seed(self, seed):
         torch.manual_seed(seed)  # the CPU's generator (and CUDA's, which torch seeds with it)
+
+    def deterministic(self):
+        """--deterministic: torch's deterministic algorithms where an op has one (an op without one warns instead
+        of failing), plus the kind's own switches (``_deterministic_extra``). Returns a note saying what was set."""
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return ", ".join(["torch.use_deterministic_algorithms(warn_only)"] + self._deterministic_extra())
+
+    def _deterministic_extra(self):
+        """Each kind's own deterministic switches, set; their names."""
+        return []
 
     def rng_state(self):
         """The device's own generator state, or None where the CPU's is the only one."""

@@ -2,6 +2,7 @@
 float32, and nvJPEG decode on a stream of its own (--data-backend gpu)."""
 import contextlib
 import inspect
+import os
 import threading
 
 import torch
@@ -151,6 +152,11 @@ class CudaDevice(Device):
 
     def manual_seed(self, seed):
         torch.manual_seed(seed)  # seeds the CPU and every CUDA device
+
+    def _deterministic_extra(self):
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic workspace
+        return ["cudnn.deterministic", "cudnn.benchmark off", "CUBLAS_WORKSPACE_CONFIG"]
 
     def rng_state(self):
         return torch.cuda.get_rng_state(self.torch_device)

@@ -200,6 +200,10 @@ class NpuDevice(Device):
         torch.manual_seed(seed)
         npu_module().npu.manual_seed_all(seed)
 
+    def _deterministic_extra(self):
+        os.environ["HCCL_DETERMINISTIC"] = "True"  # HCCL's reductions in a fixed order (read by later groups)
+        return ["HCCL_DETERMINISTIC"]
+
     def rng_state(self):
         return npu_module().npu.get_rng_state()
 

@@ -1,0 +1,142 @@
+"""Precision alignment on msprobe (trainer/align.py, tools/align.py): main.py --precision-dump writes msprobe's dumps
+of the chosen steps, --deterministic gives the same weights and batches whatever the worker count, and tools.align
+compares dumps (msprobe's comparison), losses and configurations of real runs; bad input is one line, exit 2."""
+import importlib.util
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import PY, ROOT, SMALL, THREADS, assert_one_line_error, read_summary, run_main, trained
+
+pytestmark = pytest.mark.timeout(300)
+
+MSPROBE = importlib.util.find_spec("msprobe") is not None
+needs_msprobe = pytest.mark.skipif(not MSPROBE, reason="msprobe (pip install mindstudio-probe==26.2.0) is not "
+                                                       "installed in this environment")
+RUN = ["-a", "resnet18", "--seed", "3", "--epochs", "1", "--max-steps-per-epoch", "3", "-b", "8", "-p", "1",
+       "--no-tensorboard", "--device", "cpu", "--deterministic"] + [a for a in SMALL if a not in ("-p", "5")]
+
+
+def align(*args, cwd=ROOT, env=None):
+    """python3 -m tools.align ARGS in a fresh process."""
+    e = dict(os.environ, OMP_NUM_THREADS=THREADS, PYTHONUNBUFFERED="1")
+    e.update(env or {})
+    return subprocess.run([PY, "-m", "tools.align"] + [str(a) for a in args], cwd=cwd, env=e, capture_output=True,
+                          text=True, timeout=240)
+
+
+def dump_run(data, out, workers, *more):
+    """A RUN loading with ``workers`` data workers, dumping into ``out``/dump."""
+    at = RUN.index("-j")
+    args = RUN[:at] + ["-j", str(workers)] + RUN[at + 2:]
+    return trained(data, out / "run", args + ["--precision-dump", str(out / "dump")] + list(more))
+
+
+@pytest.fixture(scope="module")
+def runs(shapes, tmp_path_factory):
+    """Two CPU runs with the same seed, one loading with no worker and one with two, each dumping steps 0 and 2."""
+    if not MSPROBE:
+        pytest.skip("msprobe (pip install mindstudio-probe==26.2.0) is not installed in this environment")
+    base = tmp_path_factory.mktemp("align")
+    a, b = base / "a", base / "b"
+    dump_run(shapes, a, 0, "--dump-steps", "0,2")
+    dump_run(shapes, b, 2, "--dump-steps", "0,2")
+    return a, b
+
+
+@needs_msprobe
+def test_precision_dump_writes_msprobes_dump_of_the_chosen_steps(runs):
+    a, _ = runs
+    steps = sorted(os.listdir(str(a / "dump")))
+    assert steps == ["step0", "step2"], steps
+    for step in steps:
+        files = sorted(os.listdir(str(a / "dump" / step / "rank0")))
+        assert {"dump.json", "stack.json", "construct.json"} <= set(files), files
+        with open(str(a / "dump" / step / "rank0" / "dump.json")) as f:
+            dump = json.load(f)
+        assert dump["task"] == "statistics" and dump["level"] == "L0"
+        fc = dump["data"]["Module.fc.Linear.forward.0"]["output"][0]
+        assert fc["shape"] == [8, 10] and fc["Max"] is not None and fc["Norm"] > 0
+
+
+@needs_msprobe
+def test_deterministic_runs_have_the_same_weights_and_batches_whatever_the_worker_count(runs):
+    a, b = (read_summary(r / "run") for r in runs)
+    assert a["data_workers"] == 0 and b["data_workers"] == 2
+    xa, xb = a["alignment"], b["alignment"]
+    assert xa["seed"] == xb["seed"] == 3 and xa["deterministic"] is True
+    assert xa["batches_steps"] == 2 and len(xa["batches_sha256"]) == 64
+    assert xa["weights_sha256"] == xb["weights_sha256"]
+    assert xa["batches_sha256"] == xb["batches_sha256"]
+    assert xa["packages"]["mindstudio-probe"] == "26.2.0"
+
+
+@needs_msprobe
+def test_align_compare_of_two_identical_cpu_runs_is_within_msprobes_thresholds(runs, tmp_path):
+    a, b = runs
+    out = tmp_path / "cmp"
+    proc = align("compare", a / "dump", b / "dump", "-o", out, "--top", "3")
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "2 step(s) (0,2), rank(s) 0" in proc.stdout and "0 over msprobe's thresholds" in proc.stdout
+    assert "=> within msprobe's thresholds" in proc.stdout
+    results = [line.split("full result: ")[1] for line in proc.stdout.splitlines() if "full result: " in line]
+    assert len(results) == 2 and all(os.path.isfile(p) and p.endswith(".csv") for p in results)
+    again = align("compare", a / "dump", b / "dump", "-o", out)  # the results are not overwritten unasked
+    assert_one_line_error(again, "is not empty", "--force")
+
+
+@needs_msprobe
+def test_align_losses_and_config_show_what_differs_between_two_real_runs(runs, shapes, tmp_path):
+    a, b = runs
+    same = align("losses", a / "run", b / "run")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "largest relative gap 0.000e+00" in same.stdout
+    other = tmp_path / "lr"
+    trained(shapes, other, RUN + ["--lr", "0.5"])
+    plot = tmp_path / "losses.png"
+    proc = align("losses", a / "run", other, "--plot", plot)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the gap first exceeds --rtol 0.01 at step 2" in proc.stdout  # the first step's loss is the same
+    assert plot.stat().st_size > 1000
+    assert_one_line_error(align("losses", a / "run", other, "--plot", plot), "exists", "--force")
+    cfg = align("config", a / "run", other)
+    assert cfg.returncode == 1, cfg.stdout + cfg.stderr
+    lines = [line for line in cfg.stdout.splitlines() if line.startswith("  ")]
+    assert any(" lr " in line and "A 0.1" in line and "B 0.5" in line for line in lines), lines
+    assert not [line for line in lines if "sha256" in line or "seed" in line]  # same weights and batches
+    ok = align("config", a / "run", b / "run")  # only the worker count differs: not a numerical difference
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "same hyper-parameters, seed, initial weights and first batches" in ok.stdout
+
+
+@needs_msprobe
+def test_precision_dump_user_errors_are_one_line(shapes, runs, tmp_path):
+    a, _ = runs
+    base = [str(shapes), "--output-dir", str(tmp_path / "o")] + RUN
+    assert_one_line_error(run_main(base + ["--precision-dump", str(a / "dump"), "--dump-steps", "2"]),
+                          "already holds a dump (step2/)")
+    assert_one_line_error(run_main(base + ["--dump-level", "L1"]), "--dump-level needs --precision-dump")
+    assert_one_line_error(run_main(base + ["--precision-dump", str(tmp_path / "d"), "--compile"]), "drop --compile")
+    seedless = [x for i, x in enumerate(base) if x != "--seed" and (i == 0 or base[i - 1] != "--seed")]
+    assert_one_line_error(run_main(seedless), "--deterministic needs --seed")
+    assert not os.path.exists(str(tmp_path / "o"))
+
+
+def test_precision_dump_without_msprobe_names_the_install(shapes, tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['msprobe'] = None  # not installed\n")
+    proc = run_main([str(shapes), "--output-dir", str(tmp_path / "o"), "--precision-dump", str(tmp_path / "d")] +
+                    RUN, env={"PYTHONPATH": os.pathsep.join([str(hide), ROOT])})
+    assert_one_line_error(proc, "--precision-dump needs msprobe", "pip install mindstudio-probe==26.2.0")
+    assert not os.path.exists(str(tmp_path / "d"))
+
+
+def test_align_bad_input_is_one_line(tmp_path):
+    assert_one_line_error(align("compare", tmp_path / "none", tmp_path), "GOLDEN", "is not a folder")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(align("compare", tmp_path / "empty", tmp_path / "empty"), "holds no msprobe dump")
+    assert_one_line_error(align("losses", tmp_path / "empty", tmp_path / "empty"), "has no metrics.jsonl")
+    assert_one_line_error(align("config", tmp_path / "empty", tmp_path / "empty"), "no readable summary.json")
