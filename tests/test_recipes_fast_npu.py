@@ -3,7 +3,7 @@ in half precision) and keeps the NPU's memory format, and trains across the reci
 import pytest
 
 from conftest import DOUBLE, read_summary, run_main
-from test_npu_double import double, fake_env  # noqa: F401 (double: the module's autouse fixture)
+from test_npu_double import double, fake_env, on_double  # noqa: F401 (double: the module's autouse fixture)
 
 pytestmark = [DOUBLE, pytest.mark.timeout(600)]
 
@@ -36,3 +36,25 @@ def test_the_recipes_switches_turn_off_on_the_double(shapes, tmp_path):
     s = read_summary(tmp_path)
     assert s["status"] == "ok" and s["device"].startswith("npu")
     assert (s["config"]["amp"], s["config"]["blurpool"]) == (False, False)
+
+
+def test_every_recipe_that_sets_amp_turns_it_on_and_no_amp_off_on_the_double():
+    # the NPU keeps a recipe's --amp (a CPU run leaves it off: tests/test_recipes_fast.py covers the other booleans)
+    out = on_double("""
+from trainer import recipes
+from trainer.config import parse_config
+EIGHT = {"RANK": "0", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+seen = []
+for name in recipes.names():
+    for arch in (("resnet18", "resnet50") if recipes.get(name).get("base") else (None,)):
+        if recipes.get(recipes.base_of(name, arch) if arch else name).get("amp") is not True:
+            continue
+        env = EIGHT if recipes.get(name).get("rank_size") == 8 else {}
+        argv = ["--dummy", "--device", "npu", "--recipe", name] + (["-a", arch] if arch else [])
+        on = parse_config(argv, env=env).cfg.as_dict()["amp"]
+        off = parse_config(argv + ["--no-amp"], env=env).cfg.as_dict()["amp"]
+        seen.append([name, arch, on, off])
+print(json.dumps(seen))
+""")
+    assert ["fast", "resnet18", True, False] in out
+    assert out and all((on, off) == (True, False) for _, _, on, off in out), out

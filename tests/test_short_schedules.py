@@ -49,6 +49,14 @@ def test_norm_weight_decay_puts_norms_and_biases_in_a_group_of_their_own(shapes,
         assert [g["lars_exclude"] for g in saved] == [False, True]
 
 
+def test_norm_weight_decays_help_says_what_the_group_holds_and_where_ffcv_differs():
+    # the group above holds the norms and every bias; FFCV exempts only its BatchNorm parameters (not its biases)
+    from trainer.flags import build_parser
+    text = " ".join(next(a.help for a in build_parser()._actions if a.dest == "norm_weight_decay").split())
+    assert "every bias" in text and "as FFCV's" not in text
+    assert "FFCV's recipes exempt only BatchNorm parameters" in text
+
+
 def test_without_the_flag_sgd_keeps_one_group_at_wd_and_lars_its_exclusion(shapes, tmp_path):
     trained(shapes, tmp_path / "sgd", TINY + ["--epochs", "1", "--max-steps-per-epoch", "1", "--wd", "1e-3"])
     groups = read_summary(tmp_path / "sgd")["param_groups"]

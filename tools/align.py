@@ -36,6 +36,7 @@ import tempfile
 
 from trainer import cli
 from trainer.errors import UsageError
+from tools.plot_runs import save_figure
 
 STEP_DIR = re.compile(r"step(\d+)$")
 RANK_DIR = re.compile(r"(?:rank|proc)(\d+)$")
@@ -282,15 +283,7 @@ def _plot(steps, ya, yb, gaps, rtol, out, a, b):
     bottom.legend(fontsize=7)
     bottom.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), ".{}.tmp-{}.png".format(os.path.basename(out),
-                                                                                       os.getpid()))
-    try:
-        fig.savefig(tmp, dpi=80)
-        os.replace(tmp, out)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_figure(fig, out)
 
 
 # ---------------------------------------------------------------- config

@@ -94,6 +94,12 @@ def plot(runs, out, title=None):
     if title:
         fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.04 + 0.03 * len(runs), 1, 0.97 if title else 1))
+    save_figure(fig, out)
+
+
+def save_figure(fig, out):
+    """Write ``fig`` to the PNG ``out`` atomically (a temporary file beside it, then a rename) and close it."""
+    import matplotlib.pyplot as plt
     tmp = os.path.join(os.path.dirname(os.path.abspath(out)), ".{}.tmp-{}.png".format(os.path.basename(out),
                                                                                        os.getpid()))
     try:
