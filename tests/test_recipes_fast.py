@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, RANKS, ROOT, SMALL, call, read_metrics, read_summary, run_main
+from conftest import PY, RANKS, ROOT, SMALL, assert_call_error, call, read_metrics, read_summary, run_main
 from modelzoo import acceptance
 from trainer import recipes
 from trainer.config import parse_config
@@ -260,6 +260,16 @@ def test_every_boolean_a_recipe_sets_has_its_off_switch():
         on = planned(*argv(name, arch), env=env).as_dict()
         off = planned(*argv(name, arch, "--no-" + key.replace("_", "-")), env=env).as_dict()
         assert (on[key], off[key]) == (True, False), (name, arch, key)
+
+
+def test_a_value_given_to_a_switch_is_one_error_naming_its_pair(shapes, tmp_path, capsys):
+    import main as entry
+    out = str(tmp_path / "out")
+    for flag, value, pair in (("--blurpool", "false", "--no-blurpool"), ("--amp", "0", "--no-amp")):
+        assert_call_error(entry.main, [shapes, "--recipe", "fast", "--output-dir", out, "{}={}".format(flag, value)],
+                          capsys, "{} is a switch and takes no value (got '{}')".format(flag, value),
+                          "or {} for the opposite".format(pair))
+    assert not os.path.exists(out)
 
 
 # ---------------------------------------------------------------- the named recipes

@@ -2,6 +2,7 @@
 import argparse
 import math
 import os
+import re
 import stat
 import sys
 
@@ -22,6 +23,13 @@ class UsageParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
 
     def error(self, message):
+        switch = re.fullmatch(r"argument (--[\w-]+): ignored explicit argument '(.*)'", message)
+        if switch:  # --blurpool=false: a switch takes no value; name the pair that turns it on and off
+            flag, value = switch.groups()
+            off = "--no-" + flag[2:]
+            message = "{} is a switch and takes no value (got '{}'): give {} alone{}".format(
+                flag, value, flag, ", or {} for the opposite".format(off) if off in self._option_string_actions
+                else "")
         raise UsageError(message)
 
 
