@@ -10,7 +10,7 @@ import pytest
 
 from conftest import PY, ROOT, SMALL, THREADS, assert_one_line_error, read_summary, run_main, trained
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
 
 MSPROBE = importlib.util.find_spec("msprobe") is not None
 needs_msprobe = pytest.mark.skipif(not MSPROBE, reason="msprobe (pip install mindstudio-probe==26.2.0) is not "

@@ -14,7 +14,7 @@ from trainer.device import torch_load
 from trainer.record.summary import EVAL_SUMMARY
 from trainer.optim.schedule import Schedule
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(240)]
 
 TINY = ["-a", "tiny_cnn", "--epochs", "1"] + SMALL  # a quick run on 32x32 images
 

@@ -12,7 +12,7 @@ import torch
 
 from conftest import PY, ROOT, SMALL, assert_one_line_error, read_summary
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
 
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 
