@@ -13,7 +13,7 @@ STAMP_COMPAT := $(VENV_COMPAT)/.installed
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
 # lanes of their own, on each stack: the jobs of several ranks (marker "ranks": conftest.RANKS runs them one after
 # another) and the graph-mode tests (--compile; marker "graph": compiling takes a CPU minutes)
-MAIN_TESTS   := -m "not graph and not ranks and not slurm and not double and not clients"
+MAIN_TESTS   := -m "not graph and not ranks and not slurm and not double and not clients and not bench"
 RANKS_TESTS  := -m "ranks and not graph and not slurm and not double"
 GRAPH_TESTS  := -m graph
 # runs that train on the torch_npu double (marker "double", conftest.DOUBLE), its ranks' jobs included
@@ -21,8 +21,10 @@ DOUBLE_TESTS := -m "double and not graph and not slurm"
 # what outside clients run on this project (marker "clients"): pytorch/examples' commands and checkpoints, msprobe,
 # a Python without the project's packages
 CLIENT_TESTS := -m "clients and not graph and not ranks and not slurm and not double"
+# the benchmark scripts' smoke runs (marker "bench")
+BENCH_TESTS  := -m "bench and not graph and not ranks and not slurm and not double"
 
-.PHONY: install install-compat test test-clients test-clients-compat test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat demo lint clean-demo check-device
+.PHONY: install install-compat test test-clients test-clients-compat test-bench test-bench-compat test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -54,6 +56,13 @@ test-clients: install
 
 test-clients-compat: install-compat
 	$(PY_COMPAT) -m pytest $(CLIENT_TESTS) $(PYTEST_ARGS)
+
+# the benchmark scripts' smoke runs (bench/)
+test-bench: install
+	$(PY) -m pytest $(BENCH_TESTS) $(PYTEST_ARGS)
+
+test-bench-compat: install-compat
+	$(PY_COMPAT) -m pytest $(BENCH_TESTS) $(PYTEST_ARGS)
 
 # the jobs of several ranks (spawn, torchrun, nodes, Ctrl-C, killed ranks) on the pinned stack
 test-ranks: install

@@ -10,6 +10,8 @@ from PIL import Image
 from conftest import PY, ROOT, THREADS, assert_call_error
 from tools import make_dataset
 
+pytestmark = pytest.mark.bench
+
 try:
     import sklearn  # noqa: F401
     HAVE_SKLEARN = True

@@ -14,7 +14,7 @@ from test_bad_input import MAIN_PY, _imports
 from test_drivers import TINY_IMAGES, driver_env, run_driver
 from trainer.record import folders, lock, profiling
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
 
 RUN = ["-a", "tiny_cnn", "--epochs", "1", "-b", "8", "--lr", "0.05", "--seed", "0", "--device", "cpu"] + SMALL
 
