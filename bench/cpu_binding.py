@@ -24,23 +24,25 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def one_run(a, binding, out):
+def run_job(a, binding, out, threads=None, label=None):
+    """One two-rank CPU job (spawn) as ``a`` describes (``add_job_arguments``), ``--cpu-binding binding``,
+    OMP_NUM_THREADS and MKL_NUM_THREADS unset unless ``threads``; its summary.json."""
     cmd = [sys.executable, os.path.join(ROOT, "main.py"), a.data, "--device", "cpu", "--multiprocessing-distributed",
            "--device-list", "0,1", "--port", "0", "-a", a.arch, "-b", str(a.batch_size), "--epochs", "1",
            "--max-steps-per-epoch", str(a.steps), "-j", str(a.workers), "--no-validate", "--seed", "0",
            "--train-crop-size", str(a.crop), "--cpu-binding", binding, "--output-dir", out, "-p", "1000"]
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    if a.threads:
-        env["OMP_NUM_THREADS"] = str(a.threads)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        raise SystemExit("error: the {} run failed: {}".format(binding, proc.stderr.strip()[-500:]))
+        raise SystemExit("error: the {} run failed: {}".format(label or binding, proc.stderr.strip()[-500:]))
     with open(os.path.join(out, "summary.json")) as f:
-        return json.load(f)["train_fps"]
+        return json.load(f)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_job_arguments(p):
+    """The job's arguments, shared with bench/cpu_threads.py."""
     p.add_argument("data")
     p.add_argument("--arch", default="tiny_cnn")
     p.add_argument("--batch-size", type=int, default=32)
@@ -48,6 +50,15 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=3)
+
+
+def one_run(a, binding, out):
+    return run_job(a, binding, out, threads=a.threads)["train_fps"]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_job_arguments(p)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)

@@ -21,40 +21,23 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from bench.cpu_binding import add_job_arguments, run_job
+
 LEGS = ("torch_default", "share", "bound")
 
 
 def one_run(a, leg, out):
-    cmd = [sys.executable, os.path.join(ROOT, "main.py"), a.data, "--device", "cpu", "--multiprocessing-distributed",
-           "--device-list", "0,1", "--port", "0", "-a", a.arch, "-b", str(a.batch_size), "--epochs", "1",
-           "--max-steps-per-epoch", str(a.steps), "-j", str(a.workers), "--no-validate", "--seed", "0",
-           "--train-crop-size", str(a.crop), "--output-dir", out, "-p", "1000",
-           "--cpu-binding", "on" if leg == "bound" else "off"]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    if leg == "torch_default":
-        env["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit("error: the {} run failed: {}".format(leg, proc.stderr.strip()[-500:]))
-    with open(os.path.join(out, "summary.json")) as f:
-        s = json.load(f)
+    threads = len(os.sched_getaffinity(0)) if leg == "torch_default" else None
+    s = run_job(a, "on" if leg == "bound" else "off", out, threads=threads, label=leg)
     return s["train_step_time_ms"] / 1000.0, s["cpu_binding"]["threads"]
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("data")
-    p.add_argument("--arch", default="tiny_cnn")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--crop", type=int, default=64)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--rounds", type=int, default=3)
+    add_job_arguments(p)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     seconds, threads = {leg: [] for leg in LEGS}, {}
