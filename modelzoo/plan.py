@@ -260,14 +260,14 @@ def resolve(a, mode, scale, script, env):
         if scale in NODE_SCALES:
             nodes(a, p, scale)
             if p.nodes > 1 and port is None:
-                from trainer.job.launch import DEFAULT_PORT
+                from trainer.job.placement import DEFAULT_PORT
                 port = str(DEFAULT_PORT)  # every node must name the same port
     p.world = p.nodes * p.ranks
     p.rank_ids = tuple(p.node_rank * p.ranks + r for r in range(p.ranks))  # this node's ranks, slot by slot
     if p.table is not None:  # the table numbers the job's ranks, and its server of rank 0 is the master
         p.world, p.rank_ids, p.master_addr = p.table["world_size"], p.table["ranks"], p.table["master"]
         if p.table["servers"] > 1 and port is None:
-            from trainer.job.launch import DEFAULT_PORT
+            from trainer.job.placement import DEFAULT_PORT
             port = env.get("MASTER_PORT") or str(DEFAULT_PORT)  # every server must name the same port
     p.device_id, p.port = device_id, port
 

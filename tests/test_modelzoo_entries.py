@@ -10,7 +10,7 @@ import pytest
 
 from conftest import PY, RANKS, ROOT, THREADS, assert_one_line_error, read_summary
 from trainer import config, zoo
-from trainer.job import launch
+from trainer.job import launch, placement
 from trainer.errors import UsageError
 from trainer.optim.schedule import Schedule
 
@@ -72,20 +72,20 @@ def test_the_entries_per_epoch_schedules_are_their_formulas():
 
 def place(argv, env):
     ns = config.build_parser().parse_args([str(a) for a in argv])
-    return launch.resolve_launch(ns, env)
+    return placement.place(placement.Asked.of(vars(ns)), env)
 
 
 def test_resnet50_8p_loop_passes_gpu_of_its_rank():
     argv = ["--dummy", "--amp", "--world-size", "1", "--seed", "60", "-a", "resnet50", "-b", "8", "--lr", "1.6",
             "--rank", "0", "--multiprocessing-distributed"]
     out = place(argv + ["--gpu", "1"], {"RANK_SIZE": "2", "RANK_ID": "1"})
-    assert (out["launch"], out["world_size"], out["rank"], out["local_rank"]) == ("process", 2, 1, 1)
+    assert (out.mode, out.world_size, out.rank, out.local_rank) == ("process", 2, 1, 1)
     with pytest.raises(UsageError, match="--gpu 0 contradicts this process's place: local rank 1 uses device 1"):
         place(argv + ["--gpu", "0"], {"RANK_SIZE": "2", "RANK_ID": "1"})
     # the cluster script: --world-size counts nodes, --rank is this node's
     out = place(["--dummy", "-b", "8", "--world-size", "2", "--rank", "1", "--gpu", "1",
                  "--multiprocessing-distributed"], {"RANK_SIZE": "2", "RANK_ID": "1"})
-    assert (out["world_size"], out["rank"], out["nodes"], out["node_rank"]) == (4, 3, 2, 1)
+    assert (out.world_size, out.rank, out.nodes, out.node_rank) == (4, 3, 2, 1)
 
 
 def test_shufflenetv2_8p_loop_places_each_process_by_local_rank():
@@ -93,7 +93,7 @@ def test_shufflenetv2_8p_loop_places_each_process_by_local_rank():
             "--world-size=1", "--batch-size=8", "--device_num=2", "--rank=0", "--device-list=0,1", "--benchmark", "0"]
     for i in (0, 1):
         out = place(argv + ["--local_rank={}".format(i)], {"RANK_SIZE": "2"})
-        assert (out["world_size"], out["rank"], out["local_rank"]) == (2, i, i)
+        assert (out.world_size, out.rank, out.local_rank) == (2, i, i)
     p = parsed(argv + ["--local_rank=1"], env={"RANK_SIZE": "2"}, prog="8p_main_med.py")
     assert p.cfg.launch.device_list == (0, 1) and p.cfg.launch.rank == 1
 

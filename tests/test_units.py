@@ -17,7 +17,7 @@ from trainer.config import build_parser
 from trainer.device import Device
 from trainer.job import launch
 from trainer.job import ranks as supervision
-from trainer.job.launch import resolve_launch
+from trainer.job.placement import Asked, place
 from trainer.job.ranks import Interrupted, Ranks
 from trainer.errors import UsageError
 from trainer.optim.schedule import Schedule
@@ -57,33 +57,33 @@ def ns(*argv):
 
 
 @pytest.mark.parametrize("argv,env,expected", [
-    ([], {}, {"launch": "single", "world_size": 1, "rank": 0}),
+    ([], {}, {"mode": "single", "world_size": 1, "rank": 0}),
     (["--multiprocessing-distributed", "--device-list", "0-3"], {},
-     {"launch": "spawn", "world_size": 4, "rank": 0, "procs_per_node": 4}),
+     {"mode": "spawn", "world_size": 4, "rank": 0, "procs_per_node": 4}),
     (["--multiprocessing-distributed", "--device-list", "0,1", "--world-size", "2", "--rank", "1"], {},
-     {"launch": "spawn", "world_size": 4, "rank": 2, "nodes": 2, "node_rank": 1}),
+     {"mode": "spawn", "world_size": 4, "rank": 2, "nodes": 2, "node_rank": 1}),
     ([], {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
-     {"launch": "process", "world_size": 4, "rank": 3, "local_rank": 1, "nodes": 2, "node_rank": 1}),
+     {"mode": "process", "world_size": 4, "rank": 3, "local_rank": 1, "nodes": 2, "node_rank": 1}),
     ([], {"RANK_ID": "2", "RANK_SIZE": "8"},  # the guides' shell loop
-     {"launch": "process", "world_size": 8, "rank": 2, "local_rank": 2}),
-    (["--world-size", "2", "--rank", "1"], {}, {"launch": "process", "world_size": 2, "rank": 1}),
+     {"mode": "process", "world_size": 8, "rank": 2, "local_rank": 2}),
+    (["--world-size", "2", "--rank", "1"], {}, {"mode": "process", "world_size": 2, "rank": 1}),
     ([], {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}, {"addr": "10.0.0.1", "port": 1234}),
     # the 910B guide's train.sh: WORLD_SIZE and LOCAL_RANK exported, --local_rank=$i, no RANK -> one node
     (["--local_rank=1"], {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
-     {"launch": "process", "world_size": 2, "rank": 1, "local_rank": 1, "nodes": 1, "port": 29500}),
-    ([], {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, {"launch": "process", "world_size": 2, "rank": 0}),
+     {"mode": "process", "world_size": 2, "rank": 1, "local_rank": 1, "nodes": 1, "port": 29500}),
+    ([], {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}, {"mode": "process", "world_size": 2, "rank": 0}),
     # torch.distributed.launch: RANK/WORLD_SIZE in the environment and --local-rank on the command line
-    (["--local-rank=1"], {"RANK": "1", "WORLD_SIZE": "2"}, {"launch": "process", "rank": 1, "local_rank": 1}),
-    ([], {"WORLD_SIZE": "1"}, {"launch": "single", "world_size": 1}),
+    (["--local-rank=1"], {"RANK": "1", "WORLD_SIZE": "2"}, {"mode": "process", "rank": 1, "local_rank": 1}),
+    ([], {"WORLD_SIZE": "1"}, {"mode": "single", "world_size": 1}),
     # the Ascend guide's loop with spawn's flags: LOCAL_RANK per process, nothing is spawned
     (["--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0-3"],
-     {"LOCAL_RANK": "2"}, {"launch": "process", "world_size": 4, "rank": 2, "local_rank": 2, "procs_per_node": 4}),
+     {"LOCAL_RANK": "2"}, {"mode": "process", "world_size": 4, "rank": 2, "local_rank": 2, "procs_per_node": 4}),
     (["--multiprocessing-distributed", "--world-size", "2", "--rank", "1", "--device-list", "0-3"],
-     {"LOCAL_RANK": "3"}, {"launch": "process", "world_size": 8, "rank": 7, "node_rank": 1}),
+     {"LOCAL_RANK": "3"}, {"mode": "process", "world_size": 8, "rank": 7, "node_rank": 1}),
 ])
-def test_resolve_launch(argv, env, expected):
-    got = resolve_launch(ns(*argv), env)
-    assert {k: got[k] for k in expected} == expected
+def test_place(argv, env, expected):
+    got = place(Asked.of(vars(ns(*argv))), env)
+    assert {k: getattr(got, k) for k in expected} == expected
 
 
 @pytest.mark.parametrize("argv,env,fragment", [
@@ -96,9 +96,9 @@ def test_resolve_launch(argv, env, expected):
     (["--local_rank", "0"], {"WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "--local_rank 0 and LOCAL_RANK=1 disagree"),
     (["--multiprocessing-distributed", "--device-list", "0,1"], {"LOCAL_RANK": "2"}, "2 process slot"),
 ])
-def test_resolve_launch_rejects(argv, env, fragment):
+def test_place_rejects(argv, env, fragment):
     with pytest.raises(UsageError, match=fragment):
-        resolve_launch(ns(*argv), env)
+        place(Asked.of(vars(ns(*argv))), env)
 
 
 def test_the_plan_checks_the_batch_against_the_processes_spawn_will_start():

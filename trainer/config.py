@@ -220,6 +220,7 @@ def parse_config(argv=None, env=None, prog=None):
     """Parse and validate into a ``Parsed``; raise UsageError (one line) on bad input. ``prog``: the name the
     program was started as (``8p_main_med.py`` stands in for ModelZoo's Shufflenetv2 entry: trainer/zoo.py)."""
     from trainer import recipes, zoo
+    from trainer.job import placement
 
     env = os.environ if env is None else env
     parser = build_parser()
@@ -229,9 +230,9 @@ def parse_config(argv=None, env=None, prog=None):
         return Parsed(None)
     notes, layered = (), set()
     ns = argparse.Namespace(**dict(values, **typed))
+    place = placement.place(placement.Asked.of(vars(ns)), env)  # where this process sits: decided once
     if ns.recipe is not None:  # the recipe's values, scaled to the processes
-        from trainer.job import launch as placement
-        more, notes = recipes.flag_defaults(ns.recipe, placement.process_count(ns, env), typed, ns)
+        more, notes = recipes.flag_defaults(ns.recipe, place.processes(ns.device), typed, ns)
         values.update(flags.convert_defaults(parser, more, typed))
         layered.update(more)
         ns = argparse.Namespace(**dict(values, **typed))
@@ -243,7 +244,7 @@ def parse_config(argv=None, env=None, prog=None):
         notes = tuple(notes) + ((note,) if note else ())
         ns = argparse.Namespace(**dict(values, **typed))
     preset = tuple(k for k in PRESETTABLE if k in layered and k not in typed)
-    cfg, more = validate(ns, env, frozenset(typed), entry, preset)
+    cfg, more = validate(ns, env, frozenset(typed), entry, preset, place)
     return Parsed(cfg, tuple(notes) + more)
 
 
@@ -387,9 +388,10 @@ def _val_sizes(ns):
     return resize, ns.val_crop_size
 
 
-def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
+def validate(ns, env, explicit=frozenset(), entry=None, preset=(), place=None):
     """(Config, notes) from parsed flags (``explicit``: the dests the command line gave; ``entry``: the ModelZoo
-    entry the run stands in for; ``preset``: the PRESETTABLE dests that hold a recipe's or the entry's value)."""
+    entry the run stands in for; ``preset``: the PRESETTABLE dests that hold a recipe's or the entry's value;
+    ``place``: this process's placement, trainer/job/placement.py)."""
     import models
     notes = ()
     (warmup_epochs, lr_step_unit, warmup_offset, lr_schedule), fps_warmup, output_dir, ns.device_list = \
@@ -452,9 +454,7 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
     if ns.recipe is not None:
         from trainer import recipes
         recipes.get(ns.recipe)  # raises UsageError for unknown names
-    from trainer.job import launch as placement
-    dist = placement.resolve_launch(ns, env)
-    notes = notes + dist["notes"]
+    notes = notes + place.notes
     float32_math, amp, more = _float32_env(env, ns.amp)
     notes = notes + more
     return Config(
@@ -477,18 +477,18 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
         precision=PrecisionConfig(amp=amp, float32_math=float32_math, amp_impl=ns.amp_impl, amp_dtype=ns.amp_dtype,
                                   opt_level=ns.opt_level, loss_scale=ns.loss_scale, combine_ddp=ns.combine_ddp,
                                   preset=tuple(preset)),
-        launch=LaunchConfig(device=device, device_index=ns.gpu, mode=dist["launch"],
-                            world_size=dist["world_size"], rank=dist["rank"], nodes=dist["nodes"],
-                            node_rank=dist["node_rank"], procs_per_node=dist["procs_per_node"],
-                            dist_url=dist["dist_url"], dist_backend=ns.dist_backend,
+        launch=LaunchConfig(device=device, device_index=ns.gpu, mode=place.mode,
+                            world_size=place.world_size, rank=place.rank, nodes=place.nodes,
+                            node_rank=place.node_rank, procs_per_node=place.procs_per_node,
+                            dist_url=place.dist_url, dist_backend=ns.dist_backend,
                             multiprocessing_distributed=ns.multiprocessing_distributed,
-                            device_list=dist["device_list"] if dist["device_list"] is not None else device_list,
-                            addr=dist["addr"], port=dist["port"], local_rank=dist["local_rank"],
+                            device_list=place.device_list if place.device_list is not None else device_list,
+                            addr=place.addr, port=place.port, local_rank=place.local_rank,
                             broadcast_buffers=ns.broadcast_buffers, dist_timeout=float(ns.dist_timeout),
                             cpu_binding=ns.cpu_binding, jit_compile=ns.jit_compile,
                             internal_format=ns.internal_format, pin_memory=ns.pin_memory),
         run=RunConfig(epochs=ns.epochs, start_epoch=ns.start_epoch, batch_size=ns.batch_size,
-                      print_freq=ns.print_freq, resume=dist["resume"], evaluate=ns.evaluate, seed=ns.seed,
+                      print_freq=ns.print_freq, resume=ns.resume, evaluate=ns.evaluate, seed=ns.seed,
                       output_dir=output_dir, eval_freq=ns.eval_freq, validate=ns.validate,
                       max_steps_per_epoch=ns.max_steps_per_epoch, fps_warmup_steps=fps_warmup,
                       recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
@@ -496,5 +496,5 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
                           output_dir, "tensorboard")) if ns.tensorboard else None,
                       skip_steps=ns.skip_steps, checkpoint_prefix=ns.checkpoint_prefix,
                       checkpoint_freq=ns.checkpoint_freq, modelzoo=entry, **align.run_fields(ns, explicit),
-                      move_earlier_run=not ({"output_dir", "workspace"} & set(explicit)) and dist["resume"] is None),
+                      move_earlier_run=not ({"output_dir", "workspace"} & set(explicit)) and ns.resume is None),
     ), notes

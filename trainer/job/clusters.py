@@ -1,4 +1,4 @@
-"""What the cluster launchers users already run tell a process about its place, read where ``launch._place``
+"""What the cluster launchers users already run tell a process about its place, read where ``placement.place``
 asks: torchrun's elastic restarts (--resume auto required with --max-restarts), Slurm's task
 variables (``srun``, one task per device) and Ascend's rank table (RANK_TABLE_FILE)."""
 import ipaddress
@@ -9,12 +9,12 @@ from trainer.errors import UsageError
 
 
 def elastic_resume(resume, env):
-    """(resume, notes): under ``torchrun --max-restarts N`` (N > 0) --resume is required (``--resume auto``: a
+    """Under ``torchrun --max-restarts N`` (N > 0) --resume is required (``--resume auto``: a
     restarted attempt continues from the last checkpoint). Not implied: an attempt that stopped because the
     folder holds another run would be restarted, and an implied resume would then continue that other run."""
     restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "")
     if resume is not None or not restarts.isdigit() or int(restarts) == 0:
-        return resume, ()
+        return
     raise UsageError("torchrun --max-restarts {} restarts the workers after a failure: add --resume auto, so that "
                      "a restart continues from the last checkpoint (a new run starts in a folder without one)".format(
                          restarts))
