@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage, within
+from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage
 from trainer.cli import counted
 from trainer import interpreter
 from trainer.errors import UsageError
@@ -121,58 +121,29 @@ def _inputs(p):
     return [i for i in out if os.path.exists(i[2])]
 
 
-def _earlier_runs_files(folder):
-    """The paths (relative to ``folder``) main.py's runs there wrote, as their summaries list them, and the names
-    main.py writes whatever the record (a folder without one)."""
-    from trainer.record import checkpoint, observe, summary
-    names = {checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY, summary.EVAL_SUMMARY, observe.METRICS}
-    for name in (summary.SUMMARY, summary.EVAL_SUMMARY):
-        record = summary.read_record(folder, name)
-        names.update(record[0] if record else ())
-    return names
-
-
 def move_aside(p):
-    """The output folder's earlier contents go to ``<dir>.prev-STAMP``; returns the command-line tokens to
-    replace ({old: new}). The inputs of this run the folder holds stay in place, except the earlier run's own
-    files (its checkpoint as --ckpt_path): those go with that run, and the run reads them there (a note says so)."""
-    folder = p.output_dir
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    dest, n = folder + ".prev-" + stamp, 1
-    while os.path.exists(dest):
-        dest, n = "{}.prev-{}-{}".format(folder, stamp, n), n + 1
-    real = os.path.realpath(folder)
-    held = [i for i in _inputs(p) if within(os.path.realpath(i[2]), real)]
+    """The output folder's earlier contents go to ``<dir>.prev-STAMP`` (trainer/record/earlier.py); returns the
+    command-line tokens to replace ({old: new}). The inputs of this run the folder holds stay in place, except the
+    earlier run's own files (its checkpoint as --ckpt_path): those go with that run, and the run reads them there (a
+    note says so)."""
+    from trainer.record import earlier
+    inputs = _inputs(p)
+    dest, now = earlier.move_folder_aside(p.output_dir, [path for _, _, path in inputs])
     replace = {}
-    try:
-        if not held:
-            os.rename(folder, dest)
+    for what, token, path in inputs:
+        if path not in now:
+            continue
+        if now[path] != path:
+            if token:
+                replace[token] = token.replace(path, now[path])
+            else:
+                p.baseline = now[path]
+            p.notes.append("{} {} is the earlier run's {}: it went with that run to {}, where this run "
+                           "reads it".format(what, path, os.path.relpath(now[path], dest), now[path]))
         else:
-            from trainer.record.folders import holds
-            earlier = _earlier_runs_files(folder)
-            rels = [os.path.relpath(os.path.realpath(i[2]), real) for i in held]
-            stays = [i for i, rel in zip(held, rels) if not any(
-                rel == e or rel.startswith(e + os.sep) for e in earlier)]
-            os.makedirs(dest)
-            for entry in sorted(os.listdir(folder)):
-                path = os.path.join(folder, entry)
-                if not any(holds(path, i[2]) for i in stays):
-                    os.rename(path, os.path.join(dest, entry))
-            for (what, token, path), rel in zip(held, rels):
-                moved = os.path.join(dest, rel)
-                if not os.path.exists(path) and os.path.exists(moved):
-                    if token:
-                        replace[token] = token.replace(path, moved)
-                    else:
-                        p.baseline = moved
-                    p.notes.append("{} {} is the earlier run's {}: it went with that run to {}, where this run "
-                                   "reads it".format(what, path, rel, moved))
-                else:
-                    p.notes.append("{} {} stays in {} (the folder's other contents were moved to {})".format(
-                        what, path, folder, dest))
-    except OSError as exc:
-        raise UsageError("cannot move '{}' aside to '{}' ({})".format(p.output_dir, dest, exc.strerror or exc))
-    print("output: the earlier contents of {} were moved to {}".format(folder, dest))
+            p.notes.append("{} {} stays in {} (the folder's other contents were moved to {})".format(
+                what, path, p.output_dir, dest))
+    print("output: the earlier contents of {} were moved to {}".format(p.output_dir, dest))
     return replace
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import PY, RANKS, ROOT, SMALL, child_env, dataset, finish, free_port, read_lines, read_summary, run_main
 from test_drivers import TINY_IMAGES, driver_env, run_driver
-from trainer.record.folders import EARLIER, KEEP_EARLIER_RUNS
+from trainer.record.earlier import EARLIER, KEEP_EARLIER_RUNS
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, SMALL, dataset, read_summary, run_main
 from test_bad_input import MAIN_PY, _imports
 from test_drivers import TINY_IMAGES, driver_env, run_driver
-from trainer.record import folders, lock, profiling
+from trainer.record import earlier, folders, lock, profiling
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
 
@@ -88,7 +88,7 @@ def test_a_second_run_that_fails_a_check_moves_nothing_of_the_first(few, broken,
         proc = run_main(args + RUN, cwd=str(tmp_path), timeout=240)
         one_error_line(proc, fragment)
         assert "held an earlier run" not in proc.stdout, args
-        assert not os.path.exists(tmp_path / folders.EARLIER), args
+        assert not os.path.exists(tmp_path / earlier.EARLIER), args
         assert digests(tmp_path) == before, args
 
 
@@ -114,9 +114,9 @@ def test_a_move_prints_its_note_when_it_happens(few, tmp_path_factory, tmp_path)
     one_error_line(proc, "cannot decode image")
     [note] = [ln for ln in proc.stdout.splitlines() if "held an earlier run" in ln]
     stamp = re.search(r"moved to \./previous_runs/(\S+) ", note).group(1)
-    kept = digests(tmp_path / folders.EARLIER / stamp)
-    assert kept == {p: d for p, d in second.items() if not p.startswith(folders.EARLIER + os.sep)}
-    assert len(os.listdir(str(tmp_path / folders.EARLIER))) == 2  # the first run's, then the second's
+    kept = digests(tmp_path / earlier.EARLIER / stamp)
+    assert kept == {p: d for p, d in second.items() if not p.startswith(earlier.EARLIER + os.sep)}
+    assert len(os.listdir(str(tmp_path / earlier.EARLIER))) == 2  # the first run's, then the second's
 
 
 def test_a_driver_run_that_fails_a_check_leaves_the_earlier_folder_in_place(few, broken, tmp_path):
@@ -180,7 +180,7 @@ def test_a_runs_files_in_the_repository_root_are_ignored_by_git(few, tmp_path):
     first_run(repo, few)
     proc = run_main([few] + RUN + ["--checkpoint-freq", "1"], cwd=str(repo), timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert os.path.isdir(str(repo / folders.EARLIER)) and os.path.isdir(str(repo / "tensorboard"))
+    assert os.path.isdir(str(repo / earlier.EARLIER)) and os.path.isdir(str(repo / "tensorboard"))
 
     def untracked():
         status = subprocess.run([git, "status", "--porcelain", "--untracked-files=all"], cwd=str(repo),

@@ -1,6 +1,8 @@
 """Where a process sits in the job and how it meets the others.
 
-launch       this process's place (single | spawn | process; nodes, slot, device) from flags and environment
+placement    this process's place (single | spawn | process; nodes, slot), decided once from the launch flags
+             (``Asked``) and the environment into a frozen ``Placement``
+launch       that place settled for the device kind (devices, batch, backend), the ports
 clusters     what cluster launchers tell a process: torchrun's restarts, Slurm's tasks, Ascend's rank table
 rendezvous   the master, the store the process group starts from, failures of the group as one line
 held_stderr  fd 2 held back during the rendezvous, written out however the hold ends

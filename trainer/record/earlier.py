@@ -1,0 +1,204 @@
+"""An earlier run in an output folder, and how a new run moves it aside: one policy for main.py and the ModelZoo
+drivers.
+
+What an earlier run is: the files its records list (each summary.json / eval_summary.json names what its run
+wrote, ``recorded``; an older version's summary, by the names that version writes), and, for main.py, the list in
+the lock of a run that died before writing one and whatever lies where the new run writes its own files. Where it
+goes: a folder named by the time of the move (``stamped``: STAMP, then STAMP-1, ... where one exists). What stays:
+the new run's inputs (other ranks read them there, now or later) unless they are the earlier run's own files.
+
+main.py (a run in the default --output-dir, ``move_earlier_run``) moves the earlier run's files into
+``previous_runs/STAMP/`` inside the folder (an input among them is linked there, and stays), and keeps the newest
+KEEP_EARLIER_RUNS; the drivers (``move_folder_aside``) move the folder's contents to ``<dir>.prev-STAMP`` beside it
+(an input that is the earlier run's own file goes with it, and the run reads it there).
+"""
+import dataclasses
+import os
+import re
+import shutil
+import time
+
+from trainer.record import checkpoint, lock, observe, summary
+from trainer.errors import UsageError
+
+EARLIER = "previous_runs"  # where a new run in the default --output-dir moves the run it finds there
+KEEP_EARLIER_RUNS = 5  # previous_runs/ keeps the newest 5 earlier runs: a move removes older STAMP folders
+_STAMP = re.compile(r"^([0-9]{8}-[0-9]{6})(?:-([0-9]+))?$")
+
+
+def recorded(folder):
+    """(the paths, relative to ``folder``, that the runs there wrote as their summaries list them, whether a summary
+    is an older version's, without a list)."""
+    paths, older = set(), False
+    for name in (summary.SUMMARY, summary.EVAL_SUMMARY):
+        record = summary.read_record(folder, name)
+        if record is not None:
+            paths.update(record[0])
+            older = older or record[1]
+    return paths, older
+
+
+def stamped(prefix):
+    """A new path ``prefix`` + the time (STAMP, then STAMP-1, STAMP-2, ... where that exists)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest, n = prefix + stamp, 1
+    while os.path.exists(dest):
+        dest, n = "{}{}-{}".format(prefix, stamp, n), n + 1
+    return dest
+
+
+def earlier_run(plan, stale=None):
+    """What the earlier runs in --output-dir wrote there (paths relative to it), by their records: each
+    summary.json / eval_summary.json's list of files, and the list in the lock of a run that died before writing
+    one (``stale``: that lock's contents); besides, what lies where this run writes its own files (which it would
+    overwrite). Returns (paths, whether a record is an older version's, without a list)."""
+    folder = plan.run.output_dir
+    paths, older = recorded(folder)
+    listed = (stale or {}).get(summary.FILES)
+    if isinstance(listed, list):
+        paths.update(r for r in map(summary.safe, listed) if r)
+    tb = summary.inside(plan.run.tensorboard_dir, folder) if plan.run.tensorboard_dir else None
+    paths.update(n for n in summary.outputs(plan) if n != tb)  # a TensorBoard folder only takes new files
+    return sorted(p for p in paths if p.split(os.sep)[0] not in (EARLIER, lock.LOCK) and
+                  os.path.lexists(os.path.join(folder, p))), older
+
+
+def inputs_of(plan):
+    """(flag, path) of each file or folder this run reads: --pretrained, --resume, the data."""
+    out = [("--pretrained", plan.model.pretrained), ("--resume", plan.resume.path if plan.resume else None),
+           ("the data", None if plan.data.dummy else plan.data.root)]
+    return [(what, path) for what, path in out if path and os.path.exists(path)]
+
+
+def holds(path, inp):
+    """Whether ``path`` is the file ``inp`` or a folder holding it."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        return summary.inside(inp, path) is not None or _same(path, inp)
+    return _same(path, inp)
+
+
+def keep_copy(path, dest):
+    """``dest`` becomes the same file as ``path`` (a hard link; a copy where the filesystem has none): the file
+    also stays where it is. Returns "linked" or "copied"."""
+    try:
+        os.link(path, dest)
+        return "linked"
+    except OSError:
+        shutil.copy2(path, dest)
+        return "copied"
+
+
+def move_earlier_run(plan, paths, older=False):
+    """Move the earlier run's files ``paths`` (``earlier_run``'s) in --output-dir into ``previous_runs/STAMP/``;
+    returns (the plan, the notes saying so). ModelZoo's scripts run their entry twice in the same folder (the
+    performance script, then the full one): the second run must neither fail nor overwrite the first.
+
+    This run's inputs stay where they are (other ranks read them there, now or later): an earlier run's file that
+    is one is linked into STAMP instead (the run reads and records it there; its own checkpoint may later replace the
+    name in place), a folder holding one stays whole. Then previous_runs keeps the newest KEEP_EARLIER_RUNS."""
+    folder = plan.run.output_dir
+    dest = stamped(os.path.join(folder, EARLIER, ""))
+    inputs = inputs_of(plan)
+    moved, notes = [], []
+    os.makedirs(dest)
+    for rel in paths:
+        path, target = os.path.join(folder, rel), os.path.join(dest, rel)
+        if not os.path.lexists(path):
+            continue  # in a folder moved already
+        read = [(what, inp) for what, inp in inputs if holds(path, inp)]
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if read and os.path.isdir(path):
+                notes.append("{} is in the earlier run's {}, which stays in place".format(read[0][0], path))
+            elif read:
+                how = keep_copy(path, target)
+                plan = _reads(plan, path, target)
+                notes.append("{} '{}' is one of the earlier files: it stays in place, and is kept with them as "
+                             "'{}' ({}), which this run reads{}".format(
+                                 read[0][0], read[0][1], target, "the same file, linked" if how == "linked" else
+                                 "a copy", "; this run's own {} replaces it in place".format(rel)
+                                 if rel in summary.outputs(plan) else ""))
+            else:
+                os.rename(path, target)
+                moved.append(rel)
+        except OSError as exc:
+            raise UsageError("cannot move the earlier run's {} aside into '{}' ({}): pass --output-dir DIR for the "
+                             "new run".format(path, dest, exc.strerror or exc))
+    notes.insert(0, "--output-dir '{}' held an earlier run: {} moved to {}{} (--output-dir DIR to write "
+                    "elsewhere)".format(folder, ", ".join(moved) or "nothing", dest, " (an older version's run, "
+                                        "whose summary.json lists no files: moved by the names that version "
+                                        "writes)" if older else ""))
+    notes += _prune(os.path.join(folder, EARLIER), dest, [inp for _, inp in inputs])
+    return plan, tuple(notes)
+
+
+def _same(a, b):
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _reads(plan, path, kept):
+    """The plan reading its input file ``path`` as ``kept`` (the same file, in previous_runs)."""
+    for held in (plan.weights, plan.resume):
+        if held is not None and _same(held.path, path):
+            held.path = kept  # (this process's File: any contents it holds are those of the same file)
+    if plan.model.pretrained and _same(plan.model.pretrained, path):
+        plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, pretrained=kept))
+    return plan
+
+
+def _prune(root, newest, inputs):
+    """previous_runs keeps the newest KEEP_EARLIER_RUNS STAMP folders (others in it are left alone): the notes on
+    those removed, or kept because this run reads from them."""
+    stamps = sorted((m.group(1), int(m.group(2) or 0), name) for name, m in
+                    ((name, _STAMP.match(name)) for name in os.listdir(root)) if m)
+    removed, notes = [], []
+    for _, _, name in stamps[:max(0, len(stamps) - KEEP_EARLIER_RUNS)]:
+        path = os.path.join(root, name)
+        if _same(path, newest) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        if any(summary.inside(inp, path) for inp in inputs):
+            notes.append("{} keeps {} beyond the newest {}: this run reads from it".format(
+                root, name, KEEP_EARLIER_RUNS))
+            continue
+        try:
+            shutil.rmtree(path)
+            removed.append(name)
+        except OSError as exc:
+            notes.append("could not remove {} ({}): remove it by hand".format(path, exc.strerror or exc))
+    if removed:
+        notes.insert(0, "{} keeps the newest {} earlier runs: removed {}".format(
+            root, KEEP_EARLIER_RUNS, ", ".join(removed)))
+    return notes
+
+
+def move_folder_aside(folder, inputs):
+    """The drivers' move: ``folder``'s contents go to ``<folder>.prev-STAMP``. Of ``inputs`` (paths the run reads),
+    those inside the folder stay in place, except the earlier run's own files (main.py's names, or listed by its
+    record: its checkpoint as the weights), which go with that run. Returns (the folder they went to, {input
+    inside the folder: its path now}); an input the folder does not hold is left out."""
+    dest = stamped(folder + ".prev-")
+    real = os.path.realpath(folder)
+    held = [i for i in inputs if os.path.realpath(i) == real or os.path.realpath(i).startswith(real + os.sep)]
+    try:
+        if not held:
+            os.rename(folder, dest)
+            return dest, {}
+        earlier = recorded(folder)[0] | {checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY,
+                                         summary.EVAL_SUMMARY, observe.METRICS}
+        rels = [os.path.relpath(os.path.realpath(i), real) for i in held]
+        stays = [i for i, rel in zip(held, rels) if not any(rel == e or rel.startswith(e + os.sep) for e in earlier)]
+        os.makedirs(dest)
+        for entry in sorted(os.listdir(folder)):
+            path = os.path.join(folder, entry)
+            if not any(holds(path, i) for i in stays):
+                os.rename(path, os.path.join(dest, entry))
+    except OSError as exc:
+        raise UsageError("cannot move '{}' aside to '{}' ({})".format(folder, dest, exc.strerror or exc))
+    now = {}
+    for path, rel in zip(held, rels):
+        moved = os.path.join(dest, rel)
+        now[path] = moved if not os.path.exists(path) and os.path.exists(moved) else path
+    return dest, now
