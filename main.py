@@ -10,7 +10,7 @@ from trainer import interpreter
 
 if __name__ == "__main__" and not {"-h", "--help"} & set(sys.argv[1:]):  # --help needs none of them
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them, exit 2
-from trainer import cli
+from trainer import errors
 
 
 def _main(argv):
@@ -27,7 +27,7 @@ def _main(argv):
 
 
 def main(argv=None):
-    return cli.run(_main, argv)
+    return errors.run(_main, argv)
 
 
 if __name__ == "__main__":

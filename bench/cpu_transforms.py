@@ -30,6 +30,8 @@ from torch.utils.data._utils.collate import default_collate
 
 from trainer import data
 from trainer import device as devmod
+from trainer.data import images
+from trainer.device import shims
 
 
 def _timed(fn, n):
@@ -60,8 +62,8 @@ def main(argv=None):
 
     def ours(use_torch):
         def run(i):
-            devmod._UINT8_RESIZE[:] = [use_torch]
-            data._PIL_SIMD[:] = [False]
+            shims._UINT8_RESIZE[:] = [use_torch]
+            images._PIL_SIMD[:] = [False]
             crop(data.open_image(raws[i], files[i]), files[i], data.sample_rng(i))
         return run
 
@@ -87,7 +89,7 @@ def main(argv=None):
             names = names[r % len(names):] + names[:r % len(names)]
             for name in names:
                 res.setdefault(name, []).append(_timed(group[name], reps))
-    devmod._UINT8_RESIZE[:] = [torch_ok]
+    shims._UINT8_RESIZE[:] = [torch_ok]
     out = {k: statistics.median(v) for k, v in res.items()}
     print("| part | ms (median of {} rounds) |".format(a.rounds))
     print("| --- | ---: |")

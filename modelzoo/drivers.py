@@ -20,9 +20,8 @@ import sys
 import time
 
 from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage
-from trainer.cli import counted
 from trainer import interpreter
-from trainer.errors import UsageError
+from trainer.errors import UsageError, counted
 from trainer.job.lifeline import die_with_parent
 
 # ---------------------------------------------------------------- launch and supervise

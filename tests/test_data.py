@@ -91,7 +91,7 @@ def test_tiny_imagenet_layout(tiny_layout):
     val = data.scan_val(os.path.join(tiny_layout, "val"), {c: i for i, c in enumerate(classes)})
     assert len(classes) == 4 and len(train) == 48 and len(val) == 20
     assert all(os.path.isfile(p) for p, _ in val)
-    assert data._is_tiny_imagenet_val(os.path.join(tiny_layout, "val"))
+    assert data.is_tiny_imagenet_val(os.path.join(tiny_layout, "val"))
 
 
 @pytest.mark.parametrize("content", [b"", b"\xff\xd8\xff\xe0 truncated jpeg", b"not an image at all"])

@@ -313,7 +313,8 @@ def test_draft_mode_decodes_a_small_crop_of_a_big_jpeg_at_reduced_size(tmp_path)
     path = str(tmp_path / "big.JPEG")
     Image.fromarray(np.full((800, 1000, 3), 128, dtype=np.uint8)).save(path, quality=90)
     img = data.open_image(data.read_bytes(path), path)
-    sx, sy = data._draft(img, 300, 240)  # the crop needs 300 x 240 of the whole image's scale
+    from trainer.data import transforms
+    sx, sy = transforms._draft(img, 300, 240)  # the crop needs 300 x 240 of the whole image's scale
     assert (sx, sy) == (0.5, 0.5) and img.size == (500, 400)
     out = data.ValCrop(36, 32)(data.open_image(data.read_bytes(path), path), path)
     assert tuple(out.shape) == (3, 32, 32) and int(out.float().mean().round()) == 128

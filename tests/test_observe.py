@@ -161,9 +161,9 @@ def test_plot_runs_writes_a_png_and_rejects_a_folder_without_metrics(resumed, sh
 def test_plot_runs_keeps_an_existing_file(tmp_path, capsys):
     from conftest import assert_call_error
     from tools import plot_runs
-    from trainer import cli
+    from trainer import errors
     png = tmp_path / "runs.png"
     png.write_bytes(b"an earlier plot")
-    assert_call_error(lambda argv: cli.run(plot_runs.main, argv), [str(tmp_path), "-o", str(png)], capsys,
+    assert_call_error(lambda argv: errors.run(plot_runs.main, argv), [str(tmp_path), "-o", str(png)], capsys,
                       "exists: pass --force")
     assert png.read_bytes() == b"an earlier plot"

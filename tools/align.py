@@ -26,6 +26,7 @@ from trainer import interpreter
 if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import glob
+import functools
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import shutil
 import sys
 import tempfile
 
-from trainer import cli
+from trainer import cli, errors
 from trainer.errors import UsageError
 from tools.plot_runs import save_figure
 
@@ -410,7 +411,7 @@ def build_parser():
 
 
 def run(args, out=None):
-    log = cli.printer(out)
+    log = functools.partial(print, file=out, flush=True)
     if args.command == "compare":
         return run_compare(args.golden, args.target, args.output, args.top, args.force, log)
     if args.command == "losses":
@@ -419,7 +420,7 @@ def run(args, out=None):
 
 
 def main(argv=None):
-    return cli.run(lambda a: run(build_parser().parse_args(a)), argv)
+    return errors.run(lambda a: run(build_parser().parse_args(a)), argv)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -60,9 +61,8 @@ import torch
 
 from tools._battery import (_Capture, _f, _tail, amp_dtype_verdict, backends_alike, bare_loop, epoch_losses,
                             fps_amp, overflow_contract, train_in_process)
-from trainer import cli
+from trainer import cli, errors
 from trainer.device_names import DEVICE_DECODE, HOST_DECODE
-from trainer.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -161,7 +161,7 @@ class Battery:
         try:
             self.device.resolve_amp_dtype("bfloat16")
             pairings.append(("bfloat16", None))
-        except UsageError:  # a device without bfloat16
+        except errors.UsageError:  # a device without bfloat16
             pass
         bad, names = [], []
         for dtype_name, scale in pairings:
@@ -448,21 +448,21 @@ def build_parser():
 
 def run(args, out=None):
     from trainer.device import Device, versions
-    log = cli.printer(out)
+    log = functools.partial(print, file=out, flush=True)
     only = CHECKS if args.only is None else tuple(s.strip() for s in args.only.split(",") if s.strip())
     unknown = [c for c in only if c not in CHECKS]
     if unknown or not only:
-        raise UsageError("--only: unknown check '{}' (known: {})".format(
+        raise errors.UsageError("--only: unknown check '{}' (known: {})".format(
             unknown[0] if unknown else args.only, ", ".join(CHECKS)))
     if args.json is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        raise UsageError("--json folder '{}' does not exist".format(os.path.dirname(os.path.abspath(args.json))))
+        raise errors.UsageError("--json folder '{}' does not exist".format(os.path.dirname(os.path.abspath(args.json))))
     device = Device.create(args.device)
     work = args.work_dir or tempfile.mkdtemp(prefix="check_device-")
     if os.path.exists(work) and not os.path.isdir(work):
-        raise UsageError("--work-dir '{}' is a file".format(work))
+        raise errors.UsageError("--work-dir '{}' is a file".format(work))
     os.makedirs(work, exist_ok=True)
     if args.work_dir and any(os.path.exists(os.path.join(work, c)) for c in CHECKS):
-        raise UsageError("--work-dir '{}' holds an earlier battery; choose an empty folder".format(work))
+        raise errors.UsageError("--work-dir '{}' holds an earlier battery; choose an empty folder".format(work))
     name = device.description()
     log("=> checking {} | torch {} | work dir {}".format(name, torch.__version__, work))
     battery = Battery(device, work, Sizes(args.small or device.kind == "cpu"), log,
@@ -493,7 +493,7 @@ def run(args, out=None):
 
 
 def main(argv=None):
-    return cli.run(lambda a: run(build_parser().parse_args(a)), argv)
+    return errors.run(lambda a: run(build_parser().parse_args(a)), argv)
 
 
 if __name__ == "__main__":

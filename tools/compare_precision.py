@@ -43,6 +43,7 @@ if __name__ == "__main__":
 import argparse
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -50,7 +51,8 @@ import sys
 
 import torch
 
-from trainer import cli
+from trainer import cli, errors
+from trainer.plan import check_arch
 from trainer.errors import UsageError
 
 ROOT_NAME = "(model)"
@@ -316,9 +318,9 @@ def run(args, out=None):
     import models
     from trainer.device import Device
 
-    log = cli.printer(out)
+    log = functools.partial(print, file=out, flush=True)
 
-    cli.check_arch(args.arch)
+    check_arch(args.arch)
     if args.output is not None:
         if os.path.isdir(args.output):
             raise UsageError("--output '{}' is a folder; give a file name".format(args.output))
@@ -410,7 +412,7 @@ def _jsonable(obj):
 
 
 def main(argv=None):
-    return cli.run(lambda a: run(build_parser().parse_args(a)), argv)
+    return errors.run(lambda a: run(build_parser().parse_args(a)), argv)
 
 
 if __name__ == "__main__":

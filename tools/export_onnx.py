@@ -26,6 +26,7 @@ from trainer import interpreter
 if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
+import functools
 import inspect
 import os
 import sys
@@ -33,7 +34,7 @@ import warnings
 
 import torch
 
-from trainer import cli
+from trainer import cli, errors
 from trainer.errors import UsageError
 
 VERIFY_BATCHES = (1, 5)
@@ -200,7 +201,7 @@ def _first_line(exc):
 
 
 def run(args, out=None):
-    log = cli.printer(out)
+    log = functools.partial(print, file=out, flush=True)
 
     output = args.output
     if os.path.isdir(output):
@@ -262,7 +263,7 @@ def run(args, out=None):
 
 
 def main(argv=None):
-    return cli.run(lambda a: run(build_parser().parse_args(a)), argv)
+    return errors.run(lambda a: run(build_parser().parse_args(a)), argv)
 
 
 if __name__ == "__main__":

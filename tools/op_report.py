@@ -31,13 +31,15 @@ from trainer import interpreter
 if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
+import functools
 import json
 import os
 import sys
 
 import torch
 
-from trainer import cli
+from trainer import cli, errors
+from trainer.plan import check_arch
 from trainer.precision.amp import inspection_dtype
 from trainer.errors import UsageError
 
@@ -269,9 +271,9 @@ def run(args, out=None):
     import models
     from trainer.device import Device
 
-    log = cli.printer(out)
+    log = functools.partial(print, file=out, flush=True)
 
-    cli.check_arch(args.arch)
+    check_arch(args.arch)
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(args.output_dir))
     held = [f for f in FILES if os.path.exists(os.path.join(args.output_dir, f))]
@@ -324,7 +326,7 @@ def run(args, out=None):
 
 
 def main(argv=None):
-    return cli.run(lambda a: run(build_parser().parse_args(a)), argv)
+    return errors.run(lambda a: run(build_parser().parse_args(a)), argv)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from trainer import cli
+from trainer import cli, errors
 from trainer.errors import UsageError
 from trainer.record.observe import METRICS, read_records
 
@@ -131,4 +131,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run(main))
+    sys.exit(errors.run(main))

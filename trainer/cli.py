@@ -1,12 +1,10 @@
-"""Command-line plumbing shared by main.py and the tools: one-line errors, exit code 2."""
+"""Command-line plumbing shared by main.py and the tools: argparse's help and one-line parse errors, the value types
+of flags, and the lines a stopped run ends with."""
 import argparse
 import math
-import os
 import re
-import stat
-import sys
 
-from trainer.errors import UsageError, one_line
+from trainer.errors import UsageError, counted
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -70,63 +68,6 @@ def parse_loss_scale(text):
         raise argparse.ArgumentTypeError(
             "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
     return value
-
-
-def report(exc):
-    """Print a UsageError as ``error: <one line>`` on stderr (not one marked ``quiet``: another rank prints the
-    same error); returns its exit code."""
-    if not getattr(exc, "quiet", False):
-        sys.stderr.write("error: {}\n".format(one_line(exc)))
-        sys.stderr.flush()
-    return exc.exit_code
-
-
-def run(main_fn, argv=None):
-    """Call ``main_fn(argv)``; a UsageError becomes its one-line report and exit code."""
-    try:
-        return main_fn(argv)
-    except UsageError as exc:
-        return report(exc)
-
-
-def printer(out=None):
-    """``log(msg)``: one flushed line on ``out`` (default: stdout at call time)."""
-    def log(msg):
-        stream = out or sys.stdout
-        stream.write(msg + "\n")
-        stream.flush()
-    return log
-
-
-def counted(n, word, many=None):
-    """``n`` and ``word`` counted as English counts: "1 image", "2 images", "1 class", "3 classes" (``many``: the
-    plural where adding -s, or -es after s, x and sh, does not make it)."""
-    if n == 1:
-        return "{} {}".format(n, word)
-    return "{} {}".format(n, many or word + ("es" if word.endswith(("s", "x", "sh")) else "s"))
-
-
-def check_arch(name):
-    import models
-    if not models.known(name):
-        raise UsageError(models.unknown_message(name))
-
-
-def append_to_shared_log():
-    """Ascend ModelZoo's 8p loops start every rank with ``> train_0.log 2>&1``: each process has the file open
-    at its own offset, so a line of one rank would overwrite another's. Where stdout / stderr are regular
-    files, switch them to append mode (O_APPEND): every line lands at the end, whoever writes it."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            fd = stream.fileno()
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
-        except (AttributeError, OSError, ValueError):
-            continue
 
 
 def interrupted_line(plan):

@@ -1,4 +1,6 @@
-"""Errors that are the user's to fix: reported as one line, exit code 2."""
+"""Errors that are the user's to fix: reported as one line on stderr (``report``, ``run``), exit code 2, in
+messages that count as English does (``counted``)."""
+import sys
 
 
 class UsageError(Exception):
@@ -28,3 +30,28 @@ def one_line(exc):
     last = lines[-1].strip()
     name = type(exc).__name__ + ": "
     return last[last.index(name) + len(name):] if name in last else last
+
+
+def report(exc):
+    """Print a UsageError as ``error: <one line>`` on stderr (not one marked ``quiet``: another rank prints the
+    same error); returns its exit code."""
+    if not getattr(exc, "quiet", False):
+        sys.stderr.write("error: {}\n".format(one_line(exc)))
+        sys.stderr.flush()
+    return exc.exit_code
+
+
+def run(main_fn, argv=None):
+    """Call ``main_fn(argv)``; a UsageError becomes its one-line report and exit code."""
+    try:
+        return main_fn(argv)
+    except UsageError as exc:
+        return report(exc)
+
+
+def counted(n, word, many=None):
+    """``n`` and ``word`` counted as English counts: "1 image", "2 images", "1 class", "3 classes" (``many``: the
+    plural where adding -s, or -es after s, x and sh, does not make it)."""
+    if n == 1:
+        return "{} {}".format(n, word)
+    return "{} {}".format(n, many or word + ("es" if word.endswith(("s", "x", "sh")) else "s"))

@@ -18,13 +18,13 @@ import os
 from typing import Optional, Tuple
 
 import models
-from trainer import cli, data, inputs, zoo
+from trainer import data, inputs, zoo
 from trainer.job import launch
 from trainer.precision import amp
 from trainer.record import checkpoint
 from trainer.config import FLAT, Config, DataConfig, LaunchConfig, ModelConfig, PrecisionConfig, RunConfig
 from trainer.device import Device
-from trainer.errors import UsageError
+from trainer.errors import UsageError, counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,12 @@ class Plan:
         return dataclasses.replace(self, launch=section)
 
 
+def check_arch(name):
+    """The network ``-a`` names exists (one line naming the closest names where it does not)."""
+    if not models.known(name):
+        raise UsageError(models.unknown_message(name))
+
+
 def plan(cfg, env=None, notes=()):
     """The run ``cfg`` asks for, decided and checked on this machine (``env``: the environment the checks name,
     os.environ by default; the device runtime reads the process's own; ``notes``: parsing's, the plan's first).
@@ -72,7 +78,7 @@ def plan(cfg, env=None, notes=()):
     found = inputs.check(cfg).classes
 
     # the network asked for exists, and takes the options given
-    cli.check_arch(cfg.model.arch)
+    check_arch(cfg.model.arch)
     if cfg.model.zero_init_residual and cfg.model.name not in models.blurpool_archs():
         raise UsageError("--zero-init-residual applies to torchvision's ResNets (resnet*, resnext*, wide_resnet*), "
                          "not to -a {}: drop it".format(cfg.model.arch))
@@ -169,7 +175,7 @@ def plan(cfg, env=None, notes=()):
         own = checkpoint.model_shapes(cfg.model.name, num_classes)
         notes += checkpoint.check_checkpoints(weights, resume, cfg.model.pretrained_published, own,
                                               "--arch {} with {} ({})".format(
-                                                  cfg.model.arch, cli.counted(num_classes, "class"), classes_from))
+                                                  cfg.model.arch, counted(num_classes, "class"), classes_from))
 
     # the memory format: the device's where not asked
     channels_last = cfg.model.channels_last

@@ -10,13 +10,14 @@ import dataclasses
 import functools
 import os
 import signal
+import stat
 import sys
 
 from trainer import cli
 from trainer.job import affinity, distributed, ranks
 from trainer.record import folders, metrics, summary
 from trainer.device import Device, out_of_memory
-from trainer.errors import UsageError, one_line
+from trainer.errors import UsageError, one_line, report
 from trainer.guard import Diverged
 from trainer.plan import plan as make_plan
 from trainer.job.rendezvous import RendezvousError, peer_failure, show_traces
@@ -44,7 +45,7 @@ def run(cfg, notes=(), amp_timer=None, env=None):
 def worker(plan, amp_timer=None):
     """One process (one rank) of ``plan``. Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
     130 interrupted; anything else is raised (exit 1). ``plan.notes`` are logged once the run is built."""
-    cli.append_to_shared_log()  # several ranks may share one log file (ModelZoo's loops)
+    append_to_shared_log()  # several ranks may share one log file (ModelZoo's loops)
     section = plan.launch
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
@@ -57,9 +58,9 @@ def worker(plan, amp_timer=None):
         dist = distributed.init(section, device)
     except RendezvousError as exc:
         summary.failed_start(plan, exc)
-        return cli.report(exc)
+        return report(exc)
     except UsageError as exc:
-        return cli.report(exc)
+        return report(exc)
     log, rs, node_lock = metrics.Logger(dist.rank), None, None
     log(affinity.describe(bound), all_ranks=True)
     log("=> device settings: " + ", ".join("{} {}".format(k, v) for k, v in settings.items()))
@@ -94,7 +95,7 @@ def worker(plan, amp_timer=None):
     except UsageError as exc:
         dist.record_failure()
         _finish(rs, "failed", one_line(exc))
-        return cli.report(exc)
+        return report(exc)
     except BaseException as exc:
         line = None if show_traces() else peer_failure(exc, section, dist.store)
         if line is None:  # this rank's own error (its traceback kept): the ranks it cuts off blame it
@@ -118,3 +119,20 @@ def _finish(rs, status, error, **fields):
     if rs is not None and rs.started:
         rs.update(**fields)
         rs.write(status, error)
+
+
+def append_to_shared_log():
+    """Ascend ModelZoo's 8p loops start every rank with ``> train_0.log 2>&1``: each process has the file open
+    at its own offset, so a line of one rank would overwrite another's. Where stdout / stderr are regular
+    files, switch them to append mode (O_APPEND): every line lands at the end, whoever writes it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        except (AttributeError, OSError, ValueError):
+            continue

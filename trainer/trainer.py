@@ -17,7 +17,7 @@ import torch
 
 import models
 from trainer import align, data, graph, optim, zoo
-from trainer.cli import counted
+from trainer.errors import counted
 from trainer.job import affinity
 from trainer.precision import amp, amp_probe
 from trainer.record import checkpoint, folders, metrics, observe

@@ -16,8 +16,7 @@ note lists them, and the log adds the lines its scripts grep (trainer/record/met
 """
 import os
 
-from trainer.cli import counted
-from trainer.errors import UsageError
+from trainer.errors import UsageError, counted
 
 ENTRIES = ("resnet50", "shufflenetv2")
 SHUFFLENET_ENTRY = "8p_main_med.py"  # the name Shufflenetv2's scripts start

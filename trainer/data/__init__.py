@@ -18,8 +18,8 @@ None, validation loader).
 import importlib
 import os
 
-from trainer.data.folders import (IMG_EXTENSIONS, _is_tiny_imagenet_val, check_data_root, check_layout,
-                                  count_train, find_classes, scan_train, scan_val)
+from trainer.data.folders import (IMG_EXTENSIONS, check_data_root, check_layout,
+                                  count_train, find_classes, is_tiny_imagenet_val, scan_train, scan_val)
 from trainer.data.resolution import ResolutionSchedule, schedule_of, train_size
 from trainer.data.spec import DataInfo, LoaderSpec, Sampling
 from trainer.device_names import DEVICE_DECODE, HOST_DECODE
@@ -29,12 +29,12 @@ from trainer.errors import DataError
 # data set's folders (folders.py) answer before torch is imported (trainer/inputs.py).
 _TORCH_PARTS = {
     "host": ("ImageDataset", "PaddedEvalDataset", "channels_last_collate"),
-    "images": ("_PIL_SIMD", "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw",
+    "images": ("BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw",
                "pil_to_hwc", "pillow_simd", "read_bytes", "rgb", "sample_rng", "sample_seed", "tensor_crop_resize",
                "torch_resize", "transformed"),
     "samplers": ("EpochSampler", "ShardSampler", "dataloader", "padded_length"),
     "synthetic": ("DUMMY_TRAIN_IMAGES", "DUMMY_VAL_IMAGES", "SyntheticLoader", "build_dummy"),
-    "transforms": ("MEAN", "STD", "Normalizer", "TrainCrop", "ValCrop", "_draft", "center_region", "resized_center",
+    "transforms": ("MEAN", "STD", "Normalizer", "TrainCrop", "ValCrop", "center_region", "resized_center",
                    "train_transform", "val_transform"),
     "device_backend": (),
 }
@@ -51,14 +51,14 @@ def __getattr__(name):
     return value
 
 __all__ = [
-    "BACKENDS", "build", "class_folders", "fit_batch", "resolve_backend", "IMG_EXTENSIONS", "_is_tiny_imagenet_val",
+    "BACKENDS", "build", "class_folders", "fit_batch", "resolve_backend", "IMG_EXTENSIONS", "is_tiny_imagenet_val",
     "check_data_root", "check_layout", "count_train",
     "find_classes", "scan_train", "scan_val", "ImageDataset", "PaddedEvalDataset", "channels_last_collate",
-    "_PIL_SIMD", "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw", "pil_to_hwc",
+    "BadImageError", "Box", "crop_resize", "load_rgb", "open_image", "pil_to_chw", "pil_to_hwc",
     "pillow_simd", "read_bytes", "rgb", "sample_rng", "sample_seed", "tensor_crop_resize", "torch_resize",
     "transformed", "EpochSampler", "ShardSampler", "dataloader", "padded_length", "DataInfo", "Sampling", "LoaderSpec",
     "DUMMY_TRAIN_IMAGES", "DUMMY_VAL_IMAGES", "SyntheticLoader", "MEAN", "STD", "Normalizer", "TrainCrop",
-    "ValCrop", "_draft", "center_region", "resized_center", "train_transform", "val_transform",
+    "ValCrop", "center_region", "resized_center", "train_transform", "val_transform",
     "ResolutionSchedule", "schedule_of", "train_size",
 ]
 
@@ -132,7 +132,7 @@ def build(section, device, sampling, need_train=True, channels_last=False, num_c
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     classes = class_folders(root)
     val_samples = scan_val(val_dir, {c: i for i, c in enumerate(classes)})
-    layout = "tiny-imagenet" if _is_tiny_imagenet_val(val_dir) else "imagenet"
+    layout = "tiny-imagenet" if is_tiny_imagenet_val(val_dir) else "imagenet"
     train_samples = None
     if need_train:
         train_samples = scan_train(train_dir, classes)

@@ -21,7 +21,7 @@ def _images_under(path):
     return out
 
 
-def _is_tiny_imagenet_val(val_dir):
+def is_tiny_imagenet_val(val_dir):
     return (os.path.isfile(os.path.join(val_dir, "val_annotations.txt"))
             and os.path.isdir(os.path.join(val_dir, "images")))
 
@@ -94,7 +94,7 @@ def scan_train(train_dir, classes):
 
 def scan_val(val_dir, class_to_idx):
     """Validation samples labelled with the TRAINING set's class map."""
-    if _is_tiny_imagenet_val(val_dir):
+    if is_tiny_imagenet_val(val_dir):
         return _scan_tiny_val(val_dir, class_to_idx)
     val_classes = _visible_dirs(val_dir)
     missing = sorted(set(class_to_idx) - set(val_classes))

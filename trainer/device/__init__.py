@@ -18,10 +18,10 @@ from trainer.device_names import (  # noqa: F401 (the device layer's names, re-e
     DATA_BACKENDS, DEVICE_DECODE, HOST_DECODE, HOST_KIND, KIND_ALIASES, KINDS, canonical_kind, without_accelerator)
 from trainer.device.runtime import apex_amp, apex_supports, npu_module  # noqa: F401
 from trainer.device.shims import (  # noqa: F401
-    UnsafeCheckpoint, _UINT8_RESIZE, averaged_model, ema_multi_avg_fn, out_of_memory, torch_load,
+    UnsafeCheckpoint, averaged_model, ema_multi_avg_fn, out_of_memory, torch_load,
     uint8_antialias_resize, versions, without_storage)
 from trainer.device.host import (  # noqa: F401
-    _cpuinfo_flags, cpu_identity, cpu_native_bf16, usable_cpus, user_allocator_choice)
+    cpu_identity, cpu_native_bf16, usable_cpus, user_allocator_choice)
 from trainer.device.base import Device, Handoff  # noqa: F401
 from trainer.device.cuda import CudaDevice, StreamHandoff, cuda_native_bf16  # noqa: F401
 from trainer.device.npu import NpuDevice  # noqa: F401

@@ -8,8 +8,7 @@ Launch modes and the table: docs/DISTRIBUTED.md "How processes find each other".
 import dataclasses
 from typing import Optional, Tuple
 
-from trainer.cli import counted
-from trainer.errors import UsageError
+from trainer.errors import UsageError, counted
 from trainer.job import clusters, rendezvous
 
 DEFAULT_PORT = 29688

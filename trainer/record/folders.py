@@ -10,11 +10,11 @@ its folder's lock and writes the same checkpoints and summary there. Every rank 
 same epoch, or the job stops with one line before training (``check_same_epoch``).
 """
 import dataclasses
+import functools
 import os
 import secrets
 import time
 
-from trainer import cli
 from trainer.record import checkpoint, lock, summary
 from trainer.record.earlier import earlier_run, move_earlier_run
 from trainer.errors import UsageError
@@ -56,7 +56,7 @@ def take_folder(plan, log=None):
             if earlier:
                 plan, notes = move_earlier_run(plan, earlier, older)
                 for note in notes:
-                    (log or cli.printer())("note: " + note)
+                    (log or functools.partial(print, flush=True))("note: " + note)
                 plan = dataclasses.replace(plan, shown=plan.shown + notes)
         elif plan.run.resume is None:
             names = RUN_FILES + (checkpoint.last_name(plan.run.checkpoint_prefix),)

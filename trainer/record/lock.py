@@ -36,7 +36,7 @@ LOCK = "run.lock"
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP))
 
 
-def _proc_start(pid):
+def proc_start(pid):
     """A process's start time in clock ticks since boot (Linux), or None: tells a reused pid apart."""
     try:
         with open("/proc/{}/stat".format(pid)) as f:
@@ -56,7 +56,7 @@ def _alive_here(info):
         return False
     except PermissionError:
         pass
-    start = _proc_start(pid)
+    start = proc_start(pid)
     return start is None or info.get("proc_start") in (None, start)
 
 
@@ -169,7 +169,7 @@ class RunLock:
 
     def _write_info(self):
         if self.info is None:
-            self.info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
+            self.info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start(os.getpid()),
                          "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)[:500]}
         data = (json.dumps(self.info) + "\n").encode()
         os.ftruncate(self.fd, 0)
