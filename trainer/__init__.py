@@ -7,7 +7,8 @@ The spine:  flags      argparse: the command line, its types and defaults
             run        run -> plan -> ranks -> worker -> Trainer
             trainer    Trainer: owns its parts; fit, evaluate
             engine     train / validate loops (the Trainer's)
-Its leaves: cli, errors (one-line errors, exit code 2), recipes (recipes.json and the one scaling rule), zoo
+Its leaves: cli (argparse's help and parse errors, the flags' value types), errors (one-line errors, exit
+            code 2, and their report), recipes (recipes.json and the one scaling rule), zoo
             (ModelZoo's entry flags), graph (--compile), guard (divergence: non-finite losses and weights stop a
             run), device_names (the kinds, without importing torch), interpreter (a Python without the packages:
             one line naming the one to use)

@@ -43,7 +43,6 @@ from trainer.errors import UsageError
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes.json")
 # recipe keys that are not main.py flags
 META = ("rank_size", "source", "rule", "expect", "base")
-SCALED = ("batch_size", "lr", "workers", "warmup_epochs", "epochs")
 # --recipe fast with a --train-crop-size below this: validation at the training size (ffcv_rule)
 SCALED_TEST_FROM = 128
 # FFCV's test size over its last training size: validation.resolution 256 after resolution.max_res 192 in every

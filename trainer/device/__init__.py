@@ -30,9 +30,3 @@ from trainer.device.cpu import CpuDevice  # noqa: F401
 assert tuple(sorted(Device._kinds)) == tuple(sorted(KINDS)), "trainer/device_names.py's KINDS and the classes differ"
 
 HOST = CpuDevice.kind  # the host's kind: where checkpoints are loaded first (then moved to the device)
-
-
-def _reset_for_tests():
-    from trainer.device import base, runtime
-    runtime.reset()
-    base.reset_current()
