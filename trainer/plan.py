@@ -96,47 +96,14 @@ def plan(cfg, env=None, notes=()):
     notes += more
 
     # graph mode, SyncBatchNorm
-    if cfg.model.compile:
-        missing = device_class.compile_missing()
-        if missing:
-            raise UsageError(missing)
-        if run.evaluate:
-            notes.append("--compile applies to training: the evaluation runs eagerly")
-        sizes = data.schedule_of(cfg.data) if not run.evaluate else None
-        sizes = sorted({size for _, size in sizes.changes(run.start_epoch, run.epochs)}) if sizes else []
-        if len(sizes) > 1:
-            notes.append("--compile with a resolution schedule: each training size ({} px) compiles at the first "
-                         "step of its first epoch, and only the first of them is left out of FPS".format(
-                             ", ".join(map(str, sizes))))
-    if cfg.model.sync_bn and not device_class.supports_sync_bn:
-        raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
+    notes += _graph(cfg, device_class)
 
     # the data set, and the classifier's size against its class folders
-    num_classes, classes_from = cfg.model.num_classes, "--num-classes"
-    if not cfg.data.dummy:
-        if num_classes is None:  # (not below the class folders: inputs.check)
-            num_classes, classes_from = found, "the data's class folders"
-        if not run.evaluate:  # the batch: lowered to what train/ holds where it holds less than one batch
-            world = section.nodes * len(section.device_list) if section.mode == "spawn" else section.world_size
-            batch_size, note = data.fit_batch(cfg.data.root, run.batch_size, world)
-            if note:
-                notes.append(note)
-                run = dataclasses.replace(run, batch_size=batch_size)
-            if run.skip_steps is not None:  # ModelZoo's --skip_steps leaves steps of an epoch to time
-                at_most = (run.skip_steps + 1) * run.batch_size
-                steps = data.count_train(os.path.join(cfg.data.root, "train"), data.class_folders(cfg.data.root),
-                                         at_most) // run.batch_size
-                zoo.check_skip_steps(run.skip_steps, min(steps, run.max_steps_per_epoch or steps))
-    elif num_classes is None:
-        num_classes, classes_from = 1000, "--dummy data"
+    run, num_classes, classes_from, more = _data(cfg, section, found)
+    notes += more
 
     # the weights: --pretrained FILE, or torchvision's published ones (downloaded into torch's cache)
-    weights = cfg.model.pretrained
-    if cfg.model.pretrained_published:
-        weights = checkpoint.published_weights(cfg.model.arch, cfg.model.name)
-    weights = checkpoint.File(weights, "weights file") if weights is not None else None
-    if weights is not None:
-        weights.load()
+    weights = _weights(cfg.model)
 
     # the checkpoint to resume (or to evaluate): read once, carried in the plan
     resume = checkpoint.resolve_resume(run.resume, run.output_dir, run.checkpoint_prefix)
@@ -161,14 +128,7 @@ def plan(cfg, env=None, notes=()):
         notes += [note] if note else []
 
     # --model-ema: without validation the average is kept and saved only; --evaluate evaluates a checkpoint's
-    if cfg.optim.model_ema and not run.validate:
-        notes.append("--model-ema with --no-validate: the weight average is kept and saved in the checkpoints, "
-                     "not validated")
-    if run.evaluate and cfg.optim.model_ema:
-        if resume is None:
-            raise UsageError("--evaluate --model-ema evaluates a checkpoint's weight average: give --resume "
-                             "CHECKPOINT (a run trained with --model-ema)")
-        checkpoint.ema_state_dict_of(resume.load(), resume.path)
+    notes += _model_ema(cfg, run, resume)
 
     # every file that loads into the model fits it: the weights, the checkpoint to resume or evaluate
     if weights is not None or resume is not None:
@@ -178,14 +138,81 @@ def plan(cfg, env=None, notes=()):
                                                   cfg.model.arch, counted(num_classes, "class"), classes_from))
 
     # the memory format: the device's where not asked
-    channels_last = cfg.model.channels_last
-    if channels_last is None:
-        channels_last = device_class.prefers_channels_last
+    channels_last = device_class.prefers_channels_last if cfg.model.channels_last is None else cfg.model.channels_last
 
     model = dataclasses.replace(cfg.model, channels_last=channels_last, pretrained=weights.path if weights else None)
     return Plan(cfg=cfg, kind=kind, launch=section, model=model, precision=precision, weights=weights,
                 resume=resume, notes=tuple(notes), run=run, data=sizes)
 
+
+def _graph(cfg, device_class):
+    """--compile and --sync-bn on the device kind ``device_class``: their notes, or UsageError."""
+    run, notes = cfg.run, []
+    if cfg.model.compile:
+        missing = device_class.compile_missing()
+        if missing:
+            raise UsageError(missing)
+        if run.evaluate:
+            notes.append("--compile applies to training: the evaluation runs eagerly")
+        sizes = data.schedule_of(cfg.data) if not run.evaluate else None
+        sizes = sorted({size for _, size in sizes.changes(run.start_epoch, run.epochs)}) if sizes else []
+        if len(sizes) > 1:
+            notes.append("--compile with a resolution schedule: each training size ({} px) compiles at the first "
+                         "step of its first epoch, and only the first of them is left out of FPS".format(
+                             ", ".join(map(str, sizes))))
+    if cfg.model.sync_bn and not device_class.supports_sync_bn:
+        raise UsageError("--sync-bn needs NPU or CUDA devices (SyncBatchNorm has no CPU kernel); drop it on CPU")
+    return notes
+
+
+def _data(cfg, section, found):
+    """(the run section, its batch fitted to the data set; the classifier's size and where it came from; notes):
+    ``found``, the data's class folders (inputs.check); ``section``, the launch settled."""
+    run, notes = cfg.run, []
+    num_classes, classes_from = cfg.model.num_classes, "--num-classes"
+    if not cfg.data.dummy:
+        if num_classes is None:  # (not below the class folders: inputs.check)
+            num_classes, classes_from = found, "the data's class folders"
+        if not run.evaluate:  # the batch: lowered to what train/ holds where it holds less than one batch
+            world = section.nodes * len(section.device_list) if section.mode == "spawn" else section.world_size
+            batch_size, note = data.fit_batch(cfg.data.root, run.batch_size, world)
+            if note:
+                notes.append(note)
+                run = dataclasses.replace(run, batch_size=batch_size)
+            if run.skip_steps is not None:  # ModelZoo's --skip_steps leaves steps of an epoch to time
+                at_most = (run.skip_steps + 1) * run.batch_size
+                steps = data.count_train(os.path.join(cfg.data.root, "train"), data.class_folders(cfg.data.root),
+                                         at_most) // run.batch_size
+                zoo.check_skip_steps(run.skip_steps, min(steps, run.max_steps_per_epoch or steps))
+    elif num_classes is None:
+        num_classes, classes_from = 1000, "--dummy data"
+    return run, num_classes, classes_from, notes
+
+
+
+def _weights(model):
+    """--pretrained's file (torchvision's published weights downloaded into torch's cache), read; or None."""
+    weights = model.pretrained
+    if model.pretrained_published:
+        weights = checkpoint.published_weights(model.arch, model.name)
+    weights = checkpoint.File(weights, "weights file") if weights is not None else None
+    if weights is not None:
+        weights.load()
+    return weights
+
+
+def _model_ema(cfg, run, resume):
+    """--model-ema's notes: without validation the average is only kept; -e evaluates a checkpoint's average."""
+    notes = []
+    if cfg.optim.model_ema and not run.validate:
+        notes.append("--model-ema with --no-validate: the weight average is kept and saved in the checkpoints, "
+                     "not validated")
+    if run.evaluate and cfg.optim.model_ema:
+        if resume is None:
+            raise UsageError("--evaluate --model-ema evaluates a checkpoint's weight average: give --resume "
+                             "CHECKPOINT (a run trained with --model-ema)")
+        checkpoint.ema_state_dict_of(resume.load(), resume.path)
+    return notes
 
 def _checkpoint_sizes(asked, saved, path):
     """(data section, note or None) for ``-e --resume`` without a size flag: the validation sizes the checkpoint
