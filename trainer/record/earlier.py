@@ -18,7 +18,7 @@ import re
 import shutil
 import time
 
-from trainer.record import checkpoint, lock, observe, summary
+from trainer.record import checkpoint, files, lock, observe
 from trainer.errors import UsageError
 
 EARLIER = "previous_runs"  # where a new run in the default --output-dir moves the run it finds there
@@ -30,8 +30,8 @@ def recorded(folder):
     """(the paths, relative to ``folder``, that the runs there wrote as their summaries list them, whether a summary
     is an older version's, without a list)."""
     paths, older = set(), False
-    for name in (summary.SUMMARY, summary.EVAL_SUMMARY):
-        record = summary.read_record(folder, name)
+    for name in (files.SUMMARY, files.EVAL_SUMMARY):
+        record = files.read_record(folder, name)
         if record is not None:
             paths.update(record[0])
             older = older or record[1]
@@ -54,11 +54,11 @@ def earlier_run(plan, stale=None):
     overwrite). Returns (paths, whether a record is an older version's, without a list)."""
     folder = plan.run.output_dir
     paths, older = recorded(folder)
-    listed = (stale or {}).get(summary.FILES)
+    listed = (stale or {}).get(files.FILES)
     if isinstance(listed, list):
-        paths.update(r for r in map(summary.safe, listed) if r)
-    tb = summary.inside(plan.run.tensorboard_dir, folder) if plan.run.tensorboard_dir else None
-    paths.update(n for n in summary.outputs(plan) if n != tb)  # a TensorBoard folder only takes new files
+        paths.update(r for r in map(files.safe, listed) if r)
+    tb = files.inside(plan.run.tensorboard_dir, folder) if plan.run.tensorboard_dir else None
+    paths.update(n for n in files.outputs(plan) if n != tb)  # a TensorBoard folder only takes new files
     return sorted(p for p in paths if p.split(os.sep)[0] not in (EARLIER, lock.LOCK) and
                   os.path.lexists(os.path.join(folder, p))), older
 
@@ -73,7 +73,7 @@ def inputs_of(plan):
 def holds(path, inp):
     """Whether ``path`` is the file ``inp`` or a folder holding it."""
     if os.path.isdir(path) and not os.path.islink(path):
-        return summary.inside(inp, path) is not None or _same(path, inp)
+        return files.inside(inp, path) is not None or _same(path, inp)
     return _same(path, inp)
 
 
@@ -117,7 +117,7 @@ def move_earlier_run(plan, paths, older=False):
                              "'{}' ({}), which this run reads{}".format(
                                  read[0][0], read[0][1], target, "the same file, linked" if how == "linked" else
                                  "a copy", "; this run's own {} replaces it in place".format(rel)
-                                 if rel in summary.outputs(plan) else ""))
+                                 if rel in files.outputs(plan) else ""))
             else:
                 os.rename(path, target)
                 moved.append(rel)
@@ -159,7 +159,7 @@ def _prune(root, newest, inputs):
         path = os.path.join(root, name)
         if _same(path, newest) or not os.path.isdir(path) or os.path.islink(path):
             continue
-        if any(summary.inside(inp, path) for inp in inputs):
+        if any(files.inside(inp, path) for inp in inputs):
             notes.append("{} keeps {} beyond the newest {}: this run reads from it".format(
                 root, name, KEEP_EARLIER_RUNS))
             continue
@@ -186,8 +186,8 @@ def move_folder_aside(folder, inputs):
         if not held:
             os.rename(folder, dest)
             return dest, {}
-        earlier = recorded(folder)[0] | {checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY,
-                                         summary.EVAL_SUMMARY, observe.METRICS}
+        earlier = recorded(folder)[0] | {checkpoint.CHECKPOINT, checkpoint.BEST, files.SUMMARY,
+                                         files.EVAL_SUMMARY, observe.METRICS}
         rels = [os.path.relpath(os.path.realpath(i), real) for i in held]
         stays = [i for i, rel in zip(held, rels) if not any(rel == e or rel.startswith(e + os.sep) for e in earlier)]
         os.makedirs(dest)

@@ -15,11 +15,11 @@ import os
 import secrets
 import time
 
-from trainer.record import checkpoint, lock, summary
+from trainer.record import checkpoint, files, lock
 from trainer.record.earlier import earlier_run, move_earlier_run
 from trainer.errors import UsageError
 
-RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, summary.SUMMARY)
+RUN_FILES = (checkpoint.CHECKPOINT, checkpoint.BEST, files.SUMMARY)
 TOKEN = ".shared-{:08x}"
 # a token created on another machine of a network filesystem can take a moment to show up in a lookup
 # (NFS caches "no such file" for a few seconds): a node that does not see it looks again for this long
@@ -64,7 +64,7 @@ def take_folder(plan, log=None):
             if held:
                 raise UsageError("--output-dir '{}' already holds a run ({}): pass --resume auto to continue it, "
                                  "or choose another --output-dir".format(folder, ", ".join(held)))
-        held_lock.record([n for n in summary.outputs(plan) if not os.path.lexists(os.path.join(folder, n))])
+        held_lock.record([n for n in files.outputs(plan) if not os.path.lexists(os.path.join(folder, n))])
     except BaseException:
         held_lock.release()
         raise
