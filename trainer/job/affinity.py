@@ -24,6 +24,7 @@ own ``OMP_NUM_THREADS=1``, which it sets for several processes per node where th
 import os
 
 from trainer.device import Device
+from trainer.record.lock import PARENT, proc_stat
 
 MODES = ("auto", "on", "off")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's own thread count comes from these
@@ -121,14 +122,6 @@ def _initial_environ(pid):
     return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in pairs}
 
 
-def _parent_pid(pid):
-    try:
-        with open("/proc/{}/stat".format(pid)) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def user_threads(environ=None):
     """The thread count the user set (``NAME=value``, the first of THREAD_VARIABLES set), else None. Under torchrun
     (``TORCHELASTIC_RUN_ID``) an ``OMP_NUM_THREADS`` that torchrun itself set (its default for several processes
@@ -146,7 +139,7 @@ def user_threads(environ=None):
                         return value
                     if "TORCHELASTIC_RUN_ID" not in start:  # torchrun's process: what it was started with
                         return value if start.get(name, "").strip() else None
-                    pid = _parent_pid(pid)
+                    pid = proc_stat(pid, PARENT)
             return value
     return None
 

@@ -27,7 +27,7 @@ import time
 
 from trainer.job import held_stderr
 from trainer.errors import UsageError
-from trainer.record.lock import proc_start
+from trainer.record.lock import proc_stat
 
 ATTEMPT_KEY = "trainer/attempt-store"
 NONCE_KEY = "trainer/nonce"
@@ -361,7 +361,7 @@ def _count(store, key):
 def _this_process():
     """``host:pid:start:machine``, what a rank records on arrival: enough for a rank of the same machine to tell
     whether this process has ended."""
-    return "{}:{}:{}:{}".format(socket.gethostname(), os.getpid(), proc_start(os.getpid()), _machine())
+    return "{}:{}:{}:{}".format(socket.gethostname(), os.getpid(), proc_stat(os.getpid()), _machine())
 
 
 def _machine():

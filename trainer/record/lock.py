@@ -36,11 +36,14 @@ LOCK = "run.lock"
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP))
 
 
-def proc_start(pid):
-    """A process's start time in clock ticks since boot (Linux), or None: tells a reused pid apart."""
+START, PARENT = 19, 1  # numbers of /proc/PID/stat after the command: start time (clock ticks since boot), parent pid
+
+
+def proc_stat(pid, field=START):
+    """Number ``field`` of a process's /proc/PID/stat (Linux), or None; its start time tells a reused pid apart."""
     try:
         with open("/proc/{}/stat".format(pid)) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
+            return int(f.read().rsplit(")", 1)[1].split()[field])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -56,7 +59,7 @@ def _alive_here(info):
         return False
     except PermissionError:
         pass
-    start = proc_start(pid)
+    start = proc_stat(pid)
     return start is None or info.get("proc_start") in (None, start)
 
 
@@ -169,7 +172,7 @@ class RunLock:
 
     def _write_info(self):
         if self.info is None:
-            self.info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_start(os.getpid()),
+            self.info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": proc_stat(os.getpid()),
                          "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "command": " ".join(sys.argv)[:500]}
         data = (json.dumps(self.info) + "\n").encode()
         os.ftruncate(self.fd, 0)
