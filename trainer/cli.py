@@ -1,75 +1,9 @@
 """Command-line plumbing shared by main.py and the tools: one-line errors, exit code 2."""
-import argparse
-import math
 import os
-import re
 import stat
 import sys
 
 from trainer.errors import UsageError, one_line
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` with each option's default, except where it says nothing: a switch (``--amp``,
-    ``--no-validate``: its help says what it does, "(default: True)" only confuses) and an option left unset."""
-
-    def _get_help_string(self, action):
-        if isinstance(action.const, bool) or action.default is None:
-            return action.help
-        return argparse.ArgumentDefaultsHelpFormatter._get_help_string(self, action)
-
-
-class UsageParser(argparse.ArgumentParser):
-    """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
-
-    def error(self, message):
-        switch = re.fullmatch(r"argument (--[\w-]+): ignored explicit argument '(.*)'", message)
-        if switch:  # --blurpool=false: a switch takes no value; name the pair that turns it on and off
-            flag, value = switch.groups()
-            off = "--no-" + flag[2:]
-            message = "{} is a switch and takes no value (got '{}'): give {} alone{}".format(
-                flag, value, flag, ", or {} for the opposite".format(off) if off in self._option_string_actions
-                else "")
-        raise UsageError(message)
-
-
-def number(cast, minimum, exclusive=False):
-    """argparse type: ``cast(text)``, at least ``minimum`` (above it if ``exclusive``); nan rejected."""
-    kind = "a whole number" if cast is int else "a number"
-    bound = "{} {}".format("above" if exclusive else "at least", minimum)
-
-    def parse(text):
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError("must be {}, got '{}'".format(kind, text))
-        if cast is float and not math.isfinite(value):
-            raise argparse.ArgumentTypeError("must be a finite number, got '{}'".format(text))
-        if not (value > minimum if exclusive else value >= minimum):
-            raise argparse.ArgumentTypeError("must be {} {}, got '{}'".format(kind, bound, text))
-        return value
-    return parse
-
-
-DYNAMIC = "dynamic"  # --loss-scale dynamic (or -1): a dynamic loss scale asked for
-
-
-def parse_loss_scale(text):
-    """``dynamic`` (or -1, the Ascend guides' parser's "-1 means dynamic") -> ``DYNAMIC``; a positive number ->
-    float."""
-    if str(text).lower() == DYNAMIC:
-        return DYNAMIC
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
-    if value == -1:
-        return DYNAMIC
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(
-            "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
-    return value
 
 
 def report(exc):
