@@ -111,7 +111,6 @@ class RunConfig(_Section):
     evaluate: bool = setting("-e", "--evaluate", group="examples", default=False, action="store_true",
                              help="evaluate the model on val/ and stop")
     seed: Optional[int] = setting("--seed", group="examples", type=int, help="seed for reproducible runs")
-    recipe: Optional[str] = setting("--recipe", group="recipe", metavar="NAME", help=_recipes_help)
     output_dir: str = setting(
         "--output-dir", group="run", default=".", metavar="DIR",
         help="checkpoints and summary.json go here; when not given and the current folder holds an earlier run "
@@ -124,6 +123,7 @@ class RunConfig(_Section):
                                                  help="cap the training steps per epoch (performance runs)")
     fps_warmup_steps: int = setting("--fps-warmup-steps", group="run", default=5, type=number(int, 0),
                                     help="steps at the start of each epoch left out of the FPS figure")
+    recipe: Optional[str] = setting("--recipe", group="recipe", metavar="NAME", help=_recipes_help)
     profile_steps: Optional[Tuple[int, int]] = setting(
         "--profile-steps", group="run", type=parse_profile_steps, metavar="START:END",
         help="record global steps START..END-1 with the profiler into --output-dir")
@@ -135,6 +135,18 @@ class RunConfig(_Section):
     tensorboard_dir: Optional[str] = setting(  # None: no TensorBoard
         "--tensorboard-dir", group="run", metavar="DIR",
         help="TensorBoard event files (default: --output-dir/tensorboard)")
+    skip_steps: Optional[int] = setting(  # the Time meter restarts there (and FPS leaves them out)
+        "--skip_steps", group="modelzoo", type=number(int, 0), metavar="N",
+        help="the first N steps of each epoch are left out of the step time and FPS (the Time average of the progress "
+             "lines restarts at step N, as ModelZoo's performance scripts read it)")
+    checkpoint_prefix: str = setting(
+        "--checkpoint-nameprefix", group="modelzoo", default="checkpoint", metavar="NAME",
+        help="the last epoch's checkpoint is NAME.pth.tar (model_best.pth.tar keeps its name)")
+    checkpoint_freq: int = setting(
+        "--checkpoint-freq", group="modelzoo", default=0, type=number(int, 0), metavar="N",
+        help="0: one checkpoint file, rewritten each epoch; N: also keep NAME_epochE.pth.tar every N epochs")
+    move_earlier_run: bool = False  # --output-dir not given: an earlier run in it is moved aside (record/folders.py)
+    modelzoo: Optional[str] = None  # the ModelZoo entry this run stands in for (its log lines): resnet50 | shufflenetv2
     # precision alignment (trainer/align.py)
     precision_dump: Optional[str] = setting(
         "--precision-dump", group="align", metavar="DIR",
@@ -158,43 +170,36 @@ class RunConfig(_Section):
         help="for alignment runs (needs --seed): msprobe's seed_all with dropout removed where msprobe is installed, "
              "Dropout at p=0, the device's deterministic algorithms; summary.json records the fingerprints of the "
              "initial weights and of the first batches")
-    skip_steps: Optional[int] = setting(  # the Time meter restarts there (and FPS leaves them out)
-        "--skip_steps", group="modelzoo", type=number(int, 0), metavar="N",
-        help="the first N steps of each epoch are left out of the step time and FPS (the Time average of the progress "
-             "lines restarts at step N, as ModelZoo's performance scripts read it)")
-    checkpoint_prefix: str = setting(
-        "--checkpoint-nameprefix", group="modelzoo", default="checkpoint", metavar="NAME",
-        help="the last epoch's checkpoint is NAME.pth.tar (model_best.pth.tar keeps its name)")
-    checkpoint_freq: int = setting(
-        "--checkpoint-freq", group="modelzoo", default=0, type=number(int, 0), metavar="N",
-        help="0: one checkpoint file, rewritten each epoch; N: also keep NAME_epochE.pth.tar every N epochs")
-    move_earlier_run: bool = False  # --output-dir not given: an earlier run in it is moved aside (record/folders.py)
-    modelzoo: Optional[str] = None  # the ModelZoo entry this run stands in for (its log lines): resnet50 | shufflenetv2
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig(_Section):
     """What the optimizer (trainer.optim), its schedule and the loss read."""
-    lr: float = setting("--lr", "--learning-rate", group="examples", default=0.1, type=number(float, 0.0),
-                        help="peak learning rate, used as given (pass it already scaled for the global batch)")
-    momentum: float = setting("--momentum", group="examples", default=0.9, type=number(float, 0.0))
-    weight_decay: float = setting("--wd", "--weight-decay", group="examples", default=1e-4, type=number(float, 0.0))
     optimizer: str = setting(  # a name of trainer.optim.OPTIMIZERS
         "--optimizer", group="recipe", default=DEFAULT_OPTIMIZER, choices=tuple(OPTIMIZERS),
         help="sgd: SGD with momentum (the device's fused kernel where it has one); lars: SGD momentum with a "
              "layer-wise trust ratio, for large global batches")
-    label_smoothing: float = setting("--label-smoothing", group="recipe", default=0.0, type=number(float, 0.0))
+    lr: float = setting("--lr", "--learning-rate", group="examples", default=0.1, type=number(float, 0.0),
+                        help="peak learning rate, used as given (pass it already scaled for the global batch)")
+    momentum: float = setting("--momentum", group="examples", default=0.9, type=number(float, 0.0))
+    weight_decay: float = setting("--wd", "--weight-decay", group="examples", default=1e-4, type=number(float, 0.0))
     lr_schedule: str = setting(
         "--lr-schedule", group="recipe", default="step", choices=LR_SCHEDULES,
         help="step: x0.1 every 30 epochs (pytorch/examples); cosine: to zero at the last step; triangular: linear "
              "from lr x 1e-4 up to lr at --lr-peak-epoch, then linear to zero at the end, every step (FFCV's ResNet "
              "recipes); poly: after warm-up, (1 - progress)^2 down to 1e-4 at the last step (MLPerf's ResNet-50 with "
              "LARS)")
+    warmup_epochs: float = setting("--warmup-epochs", group="recipe", default=0.0, type=number(float, 0.0),
+                                   help="linear LR warm-up, in epochs (fractions allowed)")
+    label_smoothing: float = setting("--label-smoothing", group="recipe", default=0.0, type=number(float, 0.0))
+    lr_step_unit: str = setting(  # ModelZoo's entries move the LR once per epoch
+        "--lr-step-unit", group="recipe", default="step", choices=("step", "epoch"),
+        help="step: warm-up and cosine move every step (torchvision's references); epoch: once per epoch, as Ascend "
+             "ModelZoo's ResNet50 and ShuffleNetV2 entries do (set by --warmup and --warm_up_epochs)")
+    warmup_offset: int = 0  # per-epoch warm-up: lr x (epoch+1)/(warmup_epochs+offset); Shufflenetv2's is 1
     lr_peak_epoch: float = setting(
         "--lr-peak-epoch", group="recipe", default=2.0, type=number(float, 0.0), metavar="E",
         help="--lr-schedule triangular: the epoch (fractions allowed) where the LR peaks; below --epochs")
-    warmup_epochs: float = setting("--warmup-epochs", group="recipe", default=0.0, type=number(float, 0.0),
-                                   help="linear LR warm-up, in epochs (fractions allowed)")
     norm_weight_decay: Optional[float] = setting(  # None: the optimizer's (optim/groups.py)
         "--norm-weight-decay", group="recipe", type=number(float, 0.0), metavar="WD",
         help="weight decay of the normalisation layers' parameters and of every bias, a parameter group of their own "
@@ -213,11 +218,6 @@ class OptimConfig(_Section):
         "--model-ema-decay", group="recipe", default=0.99998, type=number(float, 0.0), metavar="D",
         help="--model-ema: decay, adjusted as torchvision's reference does: 1 - min(1, (1 - D) x global batch x N / "
              "epochs) per update; the average copies the weights during --warmup-epochs")
-    lr_step_unit: str = setting(  # ModelZoo's entries move the LR once per epoch
-        "--lr-step-unit", group="recipe", default="step", choices=("step", "epoch"),
-        help="step: warm-up and cosine move every step (torchvision's references); epoch: once per epoch, as Ascend "
-             "ModelZoo's ResNet50 and ShuffleNetV2 entries do (set by --warmup and --warm_up_epochs)")
-    warmup_offset: int = 0  # per-epoch warm-up: lr x (epoch+1)/(warmup_epochs+offset); Shufflenetv2's is 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,17 +226,12 @@ class DataConfig(_Section):
     root: Optional[str] = setting(  # None with --dummy
         group="examples", dest="data", nargs="?", metavar="DIR",
         help="data set: an ImageNet-style folder with train/ and val/ (or tiny-imagenet-200)")
+    dummy: bool = setting("--dummy", group="examples", default=False, action="store_true",
+                          help="synthetic batches made on the device (no decoding): for FPS runs")
     workers: Optional[int] = setting(  # per node; None: from the device kind and the cores (trainer.Trainer)
         "-j", "--workers", group="examples", type=number(int, 0),
         help="data loading workers per node, shared among its processes (each gets ceil(j / processes per node)); "
              "default: from each process's share of the CPU cores, up to 16 per process on an accelerator, 4 on a CPU")
-    dummy: bool = setting("--dummy", group="examples", default=False, action="store_true",
-                          help="synthetic batches made on the device (no decoding): for FPS runs")
-    data_backend: str = setting(
-        "--data-backend", group="device", default="auto", choices=DATA_BACKENDS,
-        help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode decode), gpu "
-             "(workers read bytes; whole batches are decoded and cropped on the device: nvJPEG on CUDA, DVPP via "
-             "torchvision_npu on NPU); auto: cpu, the faster of the two as measured (docs/BENCHMARKS.md)")
     train_crop_size: int = setting(  # the fixed training size; with a resolution schedule its largest, max_res
         "--train-crop-size", group="recipe", default=224, type=number(int, 1),
         help="the training image size (RandomResizedCrop's output); with --min-res/--max-res on the command line an "
@@ -250,6 +245,11 @@ class DataConfig(_Section):
     val_crop_size: int = setting(
         "--val-crop-size", group="recipe", default=224, type=number(int, 1),
         help="the validation image size; may exceed the training size (the networks pool adaptively)")
+    data_backend: str = setting(
+        "--data-backend", group="device", default="auto", choices=DATA_BACKENDS,
+        help="where JPEGs are decoded and augmented: cpu (data-loader workers, PIL with draft-mode decode), gpu "
+             "(workers read bytes; whole batches are decoded and cropped on the device: nvJPEG on CUDA, DVPP via "
+             "torchvision_npu on NPU); auto: cpu, the faster of the two as measured (docs/BENCHMARKS.md)")
     # the training resolution schedule (trainer/data/resolution.py); min_res None: --train-crop-size throughout
     min_res: Optional[int] = setting(
         "--min-res", group="resolution", type=number(int, 1), metavar="PX",
@@ -282,18 +282,27 @@ class ModelConfig(_Section):
         "-a", "--arch", group="examples", default="resnet50", metavar="ARCH",
         help="model architecture (see --list-models); shufflenet_v2_x* builds this project's numerically identical, "
              "faster shufflenet_v2_x*_npu unless --model-impl torchvision")
+    name: str = "resnet50"  # the network built: --arch, or this project's variant of it (models.resolve)
+    model_impl: str = setting(
+        "--model-impl", group="device", default="auto", choices=("auto", "torchvision"),
+        help="auto: this project's variant of --arch where one exists (shufflenet_v2_x*_npu: same weights and "
+             "outputs, faster); torchvision: torchvision's own network")
     pretrained: Optional[str] = setting(  # a weights file
         "--pretrained", group="examples", nargs="?", const=PUBLISHED, metavar="FILE",
         help="initial weights: alone, torchvision's published ImageNet weights for -a (from torchvision's cache "
              "under TORCH_HOME, downloaded there when missing; a different --num-classes keeps the backbone and "
              "starts a new classifier); with FILE, a local state dict or checkpoint file")
-    model_impl: str = setting(
-        "--model-impl", group="device", default="auto", choices=("auto", "torchvision"),
-        help="auto: this project's variant of --arch where one exists (shufflenet_v2_x*_npu: same weights and "
-             "outputs, faster); torchvision: torchvision's own network")
+    pretrained_published: bool = False  # --pretrained alone: torchvision's published weights (``pretrained``: the file)
+    num_classes: Optional[int] = setting(  # None: the data's class count
+        "--num-classes", group="recipe", type=number(int, 1),
+        help="classifier outputs (default: the number of class folders; 1000 with --dummy)")
+    zero_init_residual: bool = setting("--zero-init-residual", group="recipe", default=False, action="store_true",
+                                       help="ResNet: zero the last BN gamma of each residual block")
     channels_last: Optional[bool] = setting(  # None: the device's default (decided by trainer/plan.py)
         "--channels-last", group="device", action="store_true", off=("--no-channels-last", "NCHW memory format"),
         help="NHWC memory format (default: on for CPU, where it is faster; off for NPU and CUDA)")
+    sync_bn: bool = setting("--sync-bn", group="distributed", default=False, action="store_true",
+                            help="synchronised BatchNorm across processes")
     compile: bool = setting(  # the training step in graph mode (trainer/graph.py)
         "--compile", group="device", default=False, action="store_true",
         help="graph mode: the model's training forward and backward compiled (torch.compile's inductor on CUDA and "
@@ -304,20 +313,11 @@ class ModelConfig(_Section):
         "--compile-mode", group="device", default="default", choices=COMPILE_MODES,
         help="torch.compile's mode: reduce-overhead (CUDA graphs), max-autotune (longer compile); NPU: torchair's "
              "graph engine whatever the mode")
-    num_classes: Optional[int] = setting(  # None: the data's class count
-        "--num-classes", group="recipe", type=number(int, 1),
-        help="classifier outputs (default: the number of class folders; 1000 with --dummy)")
-    zero_init_residual: bool = setting("--zero-init-residual", group="recipe", default=False, action="store_true",
-                                       help="ResNet: zero the last BN gamma of each residual block")
     blurpool: bool = setting(  # models/blurpool.py
         "--blurpool", group="resolution", default=False, action="store_true",
         off=("--no-blurpool", "no BlurPool (turns off a --recipe's --blurpool)"),
         help="ResNets: a fixed 3x3 binomial blur before every strided convolution of 16 or more input channels "
              "(FFCV's BlurPoolConv2d); state dicts keep the plain network's keys")
-    sync_bn: bool = setting("--sync-bn", group="distributed", default=False, action="store_true",
-                            help="synchronised BatchNorm across processes")
-    name: str = "resnet50"  # the network built: --arch, or this project's variant of it (models.resolve)
-    pretrained_published: bool = False  # --pretrained alone: torchvision's published weights (``pretrained``: the file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,15 +326,15 @@ class PrecisionConfig(_Section):
     amp: bool = setting("--amp", group="device", default=False, action="store_true",
                         off=("--no-amp", "float32 training (turns off a --recipe's --amp)"),
                         help="mixed precision in --amp-dtype; float16 steps with inf/NaN gradients are skipped")
+    amp_impl: str = setting(  # auto is settled once the device is known: precision/amp.py settle
+        "--amp-impl", group="device", default="auto", choices=("auto", "native", "apex"),
+        help="auto: native autocast + GradScaler (on NPU torch_npu's, as Ascend's AMP guide recommends; Ascend "
+             "apex.amp only on torch_npu 1.11 where it is installed); native; apex (NVIDIA or Ascend apex.amp)")
     amp_dtype: str = setting(
         "--amp-dtype", group="device", default="auto", choices=("auto", "float16", "bfloat16"),
         help="auto: bfloat16 (no loss scaling) on GPUs with native bfloat16, float16 + loss scaler on older GPUs and "
              "on NPU, bfloat16 on CPUs with native bfloat16 and float32 on other CPUs (where bfloat16 is many times "
              "slower), with a note")
-    amp_impl: str = setting(  # auto is settled once the device is known: precision/amp.py settle
-        "--amp-impl", group="device", default="auto", choices=("auto", "native", "apex"),
-        help="auto: native autocast + GradScaler (on NPU torch_npu's, as Ascend's AMP guide recommends; Ascend "
-             "apex.amp only on torch_npu 1.11 where it is installed); native; apex (NVIDIA or Ascend apex.amp)")
     opt_level: Optional[str] = setting(  # None: not given (apex runs at precision.APEX_OPT_LEVEL)
         "--opt-level", "--opt_level", group="device",
         help="apex opt level, O1 or O2 (apex only; default: {})".format(APEX_OPT_LEVEL))
@@ -356,10 +356,38 @@ class PrecisionConfig(_Section):
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig(_Section):
     """Where this process sits in the job and how it meets the others (trainer/job/launch.py)."""
-    device_index: Optional[int] = setting("--gpu", group="examples", dest="gpu", type=number(int, 0),
-                                          help="device index for a single-process run (any device kind)")
     device: str = setting("--device", group="device", default="auto", choices=DEVICES,
                           help="auto: npu if torch_npu sees one, else cuda, else cpu; gpu is cuda")
+    device_index: Optional[int] = setting("--gpu", group="examples", dest="gpu", type=number(int, 0),
+                                          help="device index for a single-process run (any device kind)")
+    # the fields without a flag: decided by the launch (trainer/job/launch.py) from --world-size, --rank,
+    # --dist-url, --addr (flags.CommandLine) and the environment
+    mode: str = "single"  # single | spawn | process
+    world_size: int = 1  # total processes (spawn: known once the devices are counted)
+    rank: int = 0  # global rank (spawn parent: this node's first rank)
+    nodes: int = 1
+    node_rank: int = 0
+    procs_per_node: int = 1
+    dist_url: Optional[str] = "env://"
+    dist_backend: Optional[str] = setting(
+        "--dist-backend", "--dist_backend", group="distributed",
+        help="process-group backend (default: hccl on NPU, nccl on CUDA, gloo on CPU)")
+    multiprocessing_distributed: bool = setting(
+        "--multiprocessing-distributed", group="distributed", default=False, action="store_true",
+        help="spawn one process per device of --device-list on this node")
+    device_list: Optional[Tuple[int, ...]] = setting(
+        "--device-list", "--device_list", group="distributed", type=parse_device_list, metavar="IDS",
+        help="devices to use: 0-7, 0,1,2,3 or 0-3,6 (default: all visible)")
+    addr: Optional[str] = "127.0.0.1"
+    port: Optional[int] = setting("--port", group="distributed", type=int,
+                                  help="master port (MASTER_PORT); 0 picks a free one")
+    local_rank: Optional[int] = setting("--local-rank", "--local_rank", group="distributed", type=int,
+                                        help="set by torch.distributed.launch; torchrun sets LOCAL_RANK instead")
+    broadcast_buffers: bool = setting(
+        "--no-broadcast-buffers", group="distributed", default=True, action="store_false",
+        help="DDP: do not broadcast BN buffers from rank 0 each step")
+    dist_timeout: float = setting("--dist-timeout", group="distributed", default=1800, type=number(int, 1),
+                                  help="seconds a collective may wait before the job fails")
     # the host and device settings of each rank (trainer/job/affinity.py, Device.configure): auto | on | off
     cpu_binding: str = setting(
         "--cpu-binding", group="device", default="auto", choices=AUTO_ON_OFF,
@@ -377,33 +405,6 @@ class LaunchConfig(_Section):
         "--pin-memory", group="device", default="auto", choices=AUTO_ON_OFF,
         help="the loaders' pinned host memory; auto: on for CUDA, and for NPU on torch 2.x (pin_memory_device npu), "
              "off on CPU and on torch_npu 1.11 (its guide)")
-    dist_backend: Optional[str] = setting(
-        "--dist-backend", "--dist_backend", group="distributed",
-        help="process-group backend (default: hccl on NPU, nccl on CUDA, gloo on CPU)")
-    multiprocessing_distributed: bool = setting(
-        "--multiprocessing-distributed", group="distributed", default=False, action="store_true",
-        help="spawn one process per device of --device-list on this node")
-    device_list: Optional[Tuple[int, ...]] = setting(
-        "--device-list", "--device_list", group="distributed", type=parse_device_list, metavar="IDS",
-        help="devices to use: 0-7, 0,1,2,3 or 0-3,6 (default: all visible)")
-    port: Optional[int] = setting("--port", group="distributed", type=int,
-                                  help="master port (MASTER_PORT); 0 picks a free one")
-    local_rank: Optional[int] = setting("--local-rank", "--local_rank", group="distributed", type=int,
-                                        help="set by torch.distributed.launch; torchrun sets LOCAL_RANK instead")
-    broadcast_buffers: bool = setting(
-        "--no-broadcast-buffers", group="distributed", default=True, action="store_false",
-        help="DDP: do not broadcast BN buffers from rank 0 each step")
-    dist_timeout: float = setting("--dist-timeout", group="distributed", default=1800, type=number(int, 1),
-                                  help="seconds a collective may wait before the job fails")
-    # decided by the launch (trainer/job/launch.py) from --world-size, --rank, --dist-url, --addr and the environment
-    mode: str = "single"  # single | spawn | process
-    world_size: int = 1  # total processes (spawn: known once the devices are counted)
-    rank: int = 0  # global rank (spawn parent: this node's first rank)
-    nodes: int = 1
-    node_rank: int = 0
-    procs_per_node: int = 1
-    dist_url: Optional[str] = "env://"
-    addr: Optional[str] = "127.0.0.1"
 
 
 SECTIONS = (("data", DataConfig), ("model", ModelConfig), ("optim", OptimConfig), ("precision", PrecisionConfig),
