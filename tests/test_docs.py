@@ -218,8 +218,8 @@ def _resolves(dotted):
 
 
 def _parser_flags():
-    """Every option string the project's parsers define (main.py's, the tools', the drivers' --key=value keys),
-    read from the sources, and torchrun's."""
+    """Every option string the project's parsers define (main.py's, made from trainer/flags.py's declarations; the
+    tools', read from the sources; the drivers' --key=value keys), and torchrun's."""
     flags = set()
     for path in glob.glob(os.path.join(ROOT, "trainer", "*.py")) + glob.glob(os.path.join(ROOT, "tools", "*.py")) + \
             glob.glob(os.path.join(ROOT, "modelzoo", "*.py")) + glob.glob(os.path.join(ROOT, "bench", "*.py")):
@@ -227,6 +227,7 @@ def _parser_flags():
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
                 flags |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    flags |= main_flags()
     from modelzoo.plan import VALUE_KEYS
     flags |= {"--" + k for k in VALUE_KEYS} | {"--dummy", "--hf32", "--fp32"}
     from torch.distributed.run import get_args_parser

@@ -150,9 +150,9 @@ def test_no_import_cycle():
 # trainer/'s subsystems, lowest first: each imports only those before it and the spine's leaves; the spine (the
 # modules at trainer/'s top that are not leaves) imports them all, and no subsystem imports the spine
 SUBSYSTEMS = ("device", "optim", "record", "precision", "job", "data")
-LEAVES = ("errors", "device_names", "cli", "flags", "recipes", "zoo", "graph", "guard",
+LEAVES = ("errors", "device_names", "cli", "options", "recipes", "zoo", "graph", "guard",
           "interpreter")  # imported by subsystems too
-SPINE = ("config", "plan", "run", "trainer", "engine", "align", "inputs")
+SPINE = ("config", "flags", "plan", "run", "trainer", "engine", "align", "inputs")
 
 
 def _part(name):

@@ -35,7 +35,7 @@ import shutil
 import sys
 import tempfile
 
-from trainer import cli, errors
+from trainer import errors, options
 from trainer.errors import UsageError
 from tools.plot_runs import save_figure
 
@@ -387,7 +387,7 @@ def _short(v):
 
 
 def build_parser():
-    p = cli.UsageParser(prog="align.py", description=__doc__.split("\n\n")[0])
+    p = options.UsageParser(prog="align.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", metavar="{compare,losses,config}")
     sub.required = True
     c = sub.add_parser("compare", help="msprobe's comparison of two --precision-dump folders, with a verdict")
@@ -395,12 +395,12 @@ def build_parser():
     c.add_argument("target", metavar="TARGET", help="the compared run's --precision-dump folder (NPU)")
     c.add_argument("-o", "--output", default="align_compare", metavar="DIR",
                    help="msprobe's full results (a CSV per step and rank) go here")
-    c.add_argument("--top", type=cli.number(int, 1), default=10, help="rows of the worst list")
+    c.add_argument("--top", type=options.number(int, 1), default=10, help="rows of the worst list")
     c.add_argument("--force", action="store_true", help="replace the results in a non-empty -o")
     loss = sub.add_parser("losses", help="the per-step training losses of two runs")
     loss.add_argument("run_a", metavar="RUN_A", help="--output-dir (or metrics.jsonl) of the reference run")
     loss.add_argument("run_b", metavar="RUN_B", help="--output-dir (or metrics.jsonl) of the compared run")
-    loss.add_argument("--rtol", type=cli.number(float, 0.0), default=0.01,
+    loss.add_argument("--rtol", type=options.number(float, 0.0), default=0.01,
                       help="largest relative gap |a - b| / |a| accepted at a step")
     loss.add_argument("--plot", default=None, metavar="FILE.png", help="both curves and the gap, as a PNG")
     loss.add_argument("--force", action="store_true", help="overwrite an existing --plot")

@@ -61,7 +61,7 @@ import torch
 
 from tools._battery import (_Capture, _f, _tail, amp_dtype_verdict, backends_alike, bare_loop, epoch_losses,
                             fps_amp, overflow_contract, train_in_process)
-from trainer import cli, errors
+from trainer import errors, options
 from trainer.device_names import DEVICE_DECODE, HOST_DECODE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -431,7 +431,7 @@ class Battery:
 
 def build_parser():
     from trainer.device import KINDS
-    p = cli.UsageParser(prog="check_device.py", description=__doc__.split("\n\n")[0],
+    p = options.UsageParser(prog="check_device.py", description=__doc__.split("\n\n")[0],
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", choices=("auto",) + KINDS, default="auto",
                    help="the device to check (auto: the accelerator if there is one)")

@@ -51,7 +51,7 @@ import sys
 
 import torch
 
-from trainer import cli, errors
+from trainer import errors, options
 from trainer.plan import check_arch
 from trainer.errors import UsageError
 
@@ -289,7 +289,7 @@ def compare_precision(model, batches, ref_device, tgt_device, amp_dtype=None, rt
 def build_parser():
     from trainer.device import KINDS
 
-    p = cli.UsageParser(prog="compare_precision.py", description=__doc__.split("\n\n")[0],
+    p = options.UsageParser(prog="compare_precision.py", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-a", "--arch", required=True, help="model of the registry (main.py --list-models)")
     p.add_argument("--reference", choices=("auto",) + KINDS, default=KINDS[-1],
@@ -298,17 +298,18 @@ def build_parser():
     p.add_argument("--target-amp", action="store_true", help="run the target under autocast in --amp-dtype")
     p.add_argument("--amp-dtype", choices=("auto", "float16", "bfloat16"), default="auto",
                    help="autocast dtype of --target-amp (auto: main.py --amp's choice on the target device)")
-    p.add_argument("--steps", type=cli.number(int, 1), default=1, help="training steps on each side")
-    p.add_argument("--rtol", type=cli.number(float, 0.0), default=1e-3, help="relative tolerance (to max|reference|)")
-    p.add_argument("--atol", type=cli.number(float, 0.0), default=1e-5, help="absolute tolerance")
-    p.add_argument("-b", "--batch-size", type=cli.number(int, 1), default=4)
-    p.add_argument("--image-size", type=cli.number(int, 1), default=64)
-    p.add_argument("--num-classes", type=cli.number(int, 1), default=10)
-    p.add_argument("--lr", type=cli.number(float, 0.0), default=0.01, help="SGD learning rate (momentum 0.9)")
-    p.add_argument("--loss-scale", type=cli.number(float, 0.0, exclusive=True), default=128.0,
+    p.add_argument("--steps", type=options.number(int, 1), default=1, help="training steps on each side")
+    p.add_argument("--rtol", type=options.number(float, 0.0), default=1e-3,
+                   help="relative tolerance (to max|reference|)")
+    p.add_argument("--atol", type=options.number(float, 0.0), default=1e-5, help="absolute tolerance")
+    p.add_argument("-b", "--batch-size", type=options.number(int, 1), default=4)
+    p.add_argument("--image-size", type=options.number(int, 1), default=64)
+    p.add_argument("--num-classes", type=options.number(int, 1), default=10)
+    p.add_argument("--lr", type=options.number(float, 0.0), default=0.01, help="SGD learning rate (momentum 0.9)")
+    p.add_argument("--loss-scale", type=options.number(float, 0.0, exclusive=True), default=128.0,
                    help="static loss scale of float16 autocast targets")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--top", type=cli.number(int, 1), default=15, help="rows of the printed table")
+    p.add_argument("--top", type=options.number(int, 1), default=15, help="rows of the printed table")
     p.add_argument("--output", default=None, metavar="FILE.json", help="write every comparison here")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output")
     return p

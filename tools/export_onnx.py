@@ -34,7 +34,7 @@ import warnings
 
 import torch
 
-from trainer import cli, errors
+from trainer import errors, options
 from trainer.errors import UsageError
 
 VERIFY_BATCHES = (1, 5)
@@ -76,19 +76,19 @@ def _opset(text):
 
 
 def build_parser():
-    p = cli.UsageParser(prog="export_onnx.py", description=__doc__.split("\n\n")[0],
+    p = options.UsageParser(prog="export_onnx.py", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint (.pth.tar) or state dict (.pth)")
     p.add_argument("-a", "--arch", default=None, help="architecture (default: the checkpoint's)")
-    p.add_argument("--num-classes", type=cli.number(int, 1), default=None,
+    p.add_argument("--num-classes", type=options.number(int, 1), default=None,
                    help="classifier outputs (default: the checkpoint's, else read from its weights)")
-    p.add_argument("--image-size", type=cli.number(int, 1), default=224,
+    p.add_argument("--image-size", type=options.number(int, 1), default=224,
                    help="height and width of the exported input")
     p.add_argument("--opset", type=_opset, default=11, help="ONNX opset version")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the .onnx file to write")
-    p.add_argument("--rtol", type=cli.number(float, 0.0), default=1e-4,
+    p.add_argument("--rtol", type=options.number(float, 0.0), default=1e-4,
                    help="accepted difference to PyTorch, relative to the largest |output| of the batch")
-    p.add_argument("--atol", type=cli.number(float, 0.0, exclusive=True), default=1e-5,
+    p.add_argument("--atol", type=options.number(float, 0.0, exclusive=True), default=1e-5,
                    help="accepted absolute difference added to the relative one (for outputs near zero)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --output")
     p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check")

@@ -38,7 +38,7 @@ import sys
 
 import torch
 
-from trainer import cli, errors
+from trainer import errors, options
 from trainer.plan import check_arch
 from trainer.precision.amp import inspection_dtype
 from trainer.errors import UsageError
@@ -242,15 +242,15 @@ def write_report(report, output_dir):
 
 def build_parser():
     from trainer.device import KINDS
-    p = cli.UsageParser(prog="op_report.py", description=__doc__.split("\n\n")[0],
+    p = options.UsageParser(prog="op_report.py", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("-a", "--arch", required=True, help="model of the registry (main.py --list-models)")
-    p.add_argument("--steps", type=cli.number(int, 2), default=3,
+    p.add_argument("--steps", type=options.number(int, 2), default=3,
                    help="recorded training steps (>= 2: later steps are compared with the first)")
-    p.add_argument("--warmup-steps", type=cli.number(int, 0), default=1, help="steps run before recording")
-    p.add_argument("-b", "--batch-size", type=cli.number(int, 1), default=8)
-    p.add_argument("--image-size", type=cli.number(int, 1), default=64)
-    p.add_argument("--num-classes", type=cli.number(int, 1), default=10)
+    p.add_argument("--warmup-steps", type=options.number(int, 0), default=1, help="steps run before recording")
+    p.add_argument("-b", "--batch-size", type=options.number(int, 1), default=8)
+    p.add_argument("--image-size", type=options.number(int, 1), default=64)
+    p.add_argument("--num-classes", type=options.number(int, 1), default=10)
     p.add_argument("--device", choices=("auto",) + KINDS, default="cpu")
     p.add_argument("--amp", action="store_true", help="train under the device's autocast")
     p.add_argument("--supported-ops", default=None, metavar="FILE",

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from trainer import cli, errors
+from trainer import errors, options
 from trainer.errors import UsageError
 from trainer.record.observe import METRICS, read_records
 
@@ -112,7 +112,7 @@ def save_figure(fig, out):
 
 
 def main(argv=None):
-    p = cli.UsageParser(prog="plot_runs.py", description="Curves of runs side by side from their metrics.jsonl.")
+    p = options.UsageParser(prog="plot_runs.py", description="Curves of runs side by side from their metrics.jsonl.")
     p.add_argument("runs", nargs="+", metavar="OUT_DIR", help="--output-dir of each run")
     p.add_argument("-o", "--output", required=True, metavar="FILE.png")
     p.add_argument("--title", default=None)

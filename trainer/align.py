@@ -10,11 +10,9 @@
 msprobe is imported only here, and only when a run asks for it; torch only in the functions that take tensors (the
 command line's checks, ``check_flags``, import neither). tools/align.py compares what these runs leave.
 """
-import dataclasses
 import hashlib
 import importlib.util
 import os
-from typing import Optional, Tuple
 
 from trainer.errors import UsageError
 
@@ -31,33 +29,12 @@ def available():
     return importlib.util.find_spec("msprobe") is not None
 
 
-@dataclasses.dataclass(frozen=True)
-class RunFields:
-    """config.RunConfig's fields of precision alignment (its base: RunConfig holds them; flat names in FIELDS)."""
-    precision_dump: Optional[str] = None  # --precision-dump DIR; None: no dump
-    dump_steps: Tuple[int, ...] = (0,)  # global steps
-    dump_level: str = "L0"  # msprobe's level: L0 | L1 | mix
-    dump_task: str = "statistics"  # msprobe's task: statistics | tensor
-    dump_config: Optional[str] = None  # msprobe's own config.json, in place of the three above
-    deterministic: bool = False
-
-
-FIELDS = tuple(f.name for f in dataclasses.fields(RunFields))
-
-
-def run_fields(ns, explicit):
-    """RunFields' values from the parsed flags, checked (``check_flags``)."""
-    check_flags(ns, explicit)
-    return dict(precision_dump=ns.precision_dump, dump_steps=tuple(ns.dump_steps), dump_level=ns.dump_level,
-                dump_task=ns.dump_task, dump_config=ns.dump_config, deterministic=ns.deterministic)
-
-
 DUMP_OPTIONS = ("dump_steps", "dump_level", "dump_task", "dump_config")
 
 
 def check_flags(ns, explicit):
-    """--precision-dump and its options, --deterministic (trainer/align.py): what they need, and a dump folder
-    that holds no dump of the steps asked (msprobe would write over it)."""
+    """--precision-dump and its options, --deterministic (the run section's fields of precision alignment): what
+    they need, and a dump folder that holds no dump of the steps asked (msprobe would write over it)."""
     given = [d for d in DUMP_OPTIONS if d in explicit]
     if ns.precision_dump is None:
         if given:

@@ -37,7 +37,7 @@ import os
 import sys
 
 from trainer import device_names
-from trainer.cli import parse_loss_scale
+from trainer.options import parse_loss_scale
 from trainer.errors import UsageError
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recipes.json")

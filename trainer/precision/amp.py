@@ -13,9 +13,9 @@ import torch
 
 from trainer import device as devmod
 from trainer import optim
-from trainer.cli import DYNAMIC
 from trainer.errors import UsageError
-from trainer.flags import APEX_OPT_LEVEL
+from trainer.options import DYNAMIC
+from trainer.precision import APEX_OPT_LEVEL
 
 AMP_DTYPES = ("auto", "float16", "bfloat16")
 
