@@ -150,6 +150,7 @@ class RunConfig(_Section, align.RunFields):
     skip_steps: Optional[int] = None  # ModelZoo's --skip_steps: the Time meter restarts there (and FPS leaves them out)
     checkpoint_prefix: str = "checkpoint"  # the last epoch's checkpoint file: PREFIX.pth.tar
     checkpoint_freq: int = 0  # N > 0: also keep PREFIX_epochE.pth.tar every N epochs
+    save_every: Optional[float] = None  # MINUTES: a mid-epoch checkpoint at least this often
     move_earlier_run: bool = False  # --output-dir not given: an earlier run in it is moved aside (record/folders.py)
     modelzoo: Optional[str] = None  # the ModelZoo entry this run stands in for (its log lines): resnet50 | shufflenetv2
 
@@ -159,7 +160,6 @@ SECTIONS = (("data", DataConfig), ("model", ModelConfig), ("optim", OptimConfig)
 # the flat names (checkpoints' and summaries' "config") of the fields whose section names them
 # otherwise
 RENAMED = {"data": ("data", "root"), "model": ("model", "name"), "launch": ("launch", "mode")}
-
 
 # the flat names in the order checkpoints and summaries have always listed them
 FLAT_ORDER = """
@@ -173,7 +173,7 @@ FLAT_ORDER = """
     compile compile_mode lr_step_unit warmup_offset skip_steps checkpoint_prefix checkpoint_freq move_earlier_run
     modelzoo float32_math cpu_binding jit_compile internal_format pin_memory preset lr_peak_epoch norm_weight_decay
     model_ema model_ema_steps model_ema_decay min_res max_res start_ramp end_ramp val_tta blurpool sizes_given
-""".split() + list(align.FIELDS)
+""".split() + ["save_every"] + list(align.FIELDS)
 
 
 def _flat_names():
@@ -494,7 +494,7 @@ def validate(ns, env, explicit=frozenset(), entry=None, preset=()):
                       recipe=ns.recipe, profile_steps=ns.profile_steps, profile_stop=ns.profile_stop,
                       progress=ns.progress, tensorboard_dir=(ns.tensorboard_dir or os.path.join(
                           output_dir, "tensorboard")) if ns.tensorboard else None,
-                      skip_steps=ns.skip_steps, checkpoint_prefix=ns.checkpoint_prefix,
+                      skip_steps=ns.skip_steps, checkpoint_prefix=ns.checkpoint_prefix, save_every=ns.save_every,
                       checkpoint_freq=ns.checkpoint_freq, modelzoo=entry, **align.run_fields(ns, explicit),
                       move_earlier_run=not ({"output_dir", "workspace"} & set(explicit)) and dist["resume"] is None),
     ), notes

@@ -100,6 +100,9 @@ def build_parser():
                    help="print every N steps")
     g.add_argument("--resume", default=None, metavar="PATH",
                    help="checkpoint to continue from, or 'auto' for the newest one in --output-dir")
+    g.add_argument("--save-every", dest="save_every", type=number(float, 0, exclusive=True), default=None,
+                   metavar="MINUTES", help="also save a mid-epoch checkpoint every MINUTES of training (in the "
+                   "last epoch's file, written atomically), so that a run killed outright loses at most that much")
     g.add_argument("-e", "--evaluate", action="store_true", help="evaluate the model on val/ and stop")
     g.add_argument("--pretrained", nargs="?", const=PUBLISHED, default=None, metavar="FILE",
                    help="initial weights: alone, torchvision's published ImageNet weights for -a (from torchvision's "

@@ -94,20 +94,20 @@ class StepClock:
     marks the end of the FPS warm-up (``warmup`` steps, after a device synchronisation); ``span`` gives the
     interval since the previous print point; ``finish`` the epoch's timings."""
 
-    def __init__(self, device, steps, warmup=0, first=0):
+    def __init__(self, device, steps, warmup=0, first=0, start=0):
         self.device = device
-        self.warm = warmup if steps > warmup else 0
+        self.warm = start + warmup if steps > start + warmup else start  # ``start``: a resumed epoch's first step
         device.synchronize()
         self.t_epoch = self.t_mark = self.t_step = time.time()
-        self.t_fps = self.t_epoch if self.warm == 0 else None
+        self.t_fps = self.t_epoch if self.warm == start else None
         self.waited = self.wait_mark = 0.0
-        self.last = 0
+        self.last = start
         self.first = first  # time the first steps one by one (a synchronisation after each): ``first_seconds``
         self.first_seconds = []
 
-    def batches(self, loader, steps):
+    def batches(self, loader, steps, start=0):
         it = iter(loader)
-        for i in range(steps):
+        for i in range(start, steps):
             t0 = time.time()
             batch = next(it)
             self.t_step = time.time()
@@ -255,6 +255,19 @@ class Sums:
     def add(self, loss_sum, c1, c5, n):
         self.total += torch.stack([loss_sum.detach().float().reshape(()), c1.float(), c5.float(),
                                    n.float() if torch.is_tensor(n) else torch.full((), float(n), device=c1.device)])
+
+    def seen(self):
+        """The totals at the last read (where the next interval starts)."""
+        return list(self._seen)
+
+    def state(self, seen=None):
+        """What a mid-epoch checkpoint keeps: this process's totals (host values, a sync) and the interval's start
+        (``seen``: another start, the one before a read that the resumed loop does not repeat)."""
+        return {"total": [float(v) for v in self.total.tolist()], "seen": list(self._seen if seen is None else seen)}
+
+    def restore(self, state):
+        self.total = self.device.move(torch.tensor(state["total"], dtype=torch.float32))
+        self._seen = [float(v) for v in state["seen"]]
 
     def read(self, reduce_fn=None, extras=None):
         """Host values (reduced over processes by ``reduce_fn``): (interval, running) dicts. With ``extras``
