@@ -9,8 +9,9 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, child_env, finish, read_checkpoint, read_lines, read_metrics, read_summary
+from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, read_checkpoint, read_lines, read_metrics, read_summary
 from conftest import trained
+from test_rendezvous import workers_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,29 +41,115 @@ def same_weights(a, b):
     return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.fixture(scope="module")
+def whole(shapes, tmp_path_factory):
+    """The uninterrupted run (one process, no data workers): its folder."""
+    out = tmp_path_factory.mktemp("whole")
+    trained(shapes, out, TINY + ["-j", "0"])
+    return out
+
+
+def assert_resumes_exactly(data, out, args, stop, reference):
+    """``--resume auto`` in ``out`` (stopped at ``stop``, summary.json's "stopped") continues at the next step and
+    ends as the ``reference`` run: every step's loss, the last Acc@1, the weights."""
+    resumed = trained(data, out, args + ["--resume", "auto"])
+    assert "=> continuing epoch {} at step {} of 25".format(stop["epoch"], stop["step"]) in resumed.stdout
+    first = [line for line in resumed.stdout.splitlines() if line.startswith("Epoch: ")][0]
+    assert re.match(r"Epoch: \[{}\]\[\s*{}/25\]".format(stop["epoch"], stop["step"] + 1), first), first
+    summary = read_summary(out)
+    assert summary["status"] == "ok" and summary["resumed"]["global_step"] == stop["global_step"]
+    mine, theirs = per_step(out), per_step(reference)
+    assert len(theirs[0]) == 50 and mine == theirs
+    assert same_weights(reference, out)
+    return summary
+
+
 @pytest.mark.parametrize("workers", ["0", "2"])
-def test_sigterm_mid_epoch_then_resume_auto_equals_the_uninterrupted_run(shapes, tmp_path, workers):
+def test_sigterm_mid_epoch_then_resume_auto_equals_the_uninterrupted_run(shapes, tmp_path, whole, workers):
+    """Also with 2 data workers against the run without: the crops are (seed, epoch, sample)'s."""
     args = TINY + ["-j", workers]
-    trained(shapes, tmp_path / "whole", args)
-    code, lines, err = stopped_at(shapes, tmp_path / "cut", args, signal.SIGTERM, "1][ 5")
+    code, lines, err = stopped_at(shapes, tmp_path, args, signal.SIGTERM, "1][ 5")
     assert code == 128 + signal.SIGTERM, err[-3000:]
-    summary = read_summary(tmp_path / "cut")
+    summary = read_summary(tmp_path)
     stop = summary["stopped"]
     assert summary["status"] == "interrupted" and stop["signal"] == "SIGTERM" and stop["epoch"] == 1, summary
     assert 5 <= stop["step"] < 25 and "SIGTERM" in summary["error"], summary
     assert err.strip().splitlines()[-1].startswith("interrupted by SIGTERM at global step {}".format(
         stop["global_step"])), err
-    assert not os.path.exists(str(tmp_path / "cut" / "run.lock"))
-    mid = read_checkpoint(tmp_path / "cut")["mid_epoch"]
+    assert not os.path.exists(str(tmp_path / "run.lock"))
+    mid = read_checkpoint(tmp_path)["mid_epoch"]
     assert (mid["epoch"], mid["step"], mid["signal"]) == (1, stop["step"], "SIGTERM")
+    summary = assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+    assert summary["steps_redone"] == 0
 
-    resumed = trained(shapes, tmp_path / "cut", args + ["--resume", "auto"])
-    assert "=> continuing epoch 1 at step {} of 25".format(stop["step"]) in resumed.stdout
-    first = [line for line in resumed.stdout.splitlines() if line.startswith("Epoch: ")][0]
-    assert re.match(r"Epoch: \[1\]\[\s*{}/25\]".format(stop["step"] + 1), first), first  # the next step
-    summary = read_summary(tmp_path / "cut")
-    assert summary["status"] == "ok" and summary["steps_redone"] == 0
-    assert summary["resumed"]["global_step"] == stop["global_step"]
-    whole, cut = per_step(tmp_path / "whole"), per_step(tmp_path / "cut")
-    assert len(whole[0]) == 50 and cut == whole
-    assert same_weights(tmp_path / "whole", tmp_path / "cut")
+
+def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, whole):
+    """--save-every 0.02 (1.2 s): a run killed outright continues from its last mid-epoch checkpoint, and ends as
+    the uninterrupted run."""
+    args = TINY + ["-j", "0", "--save-every", "0.02"]
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    saved = re.compile(r"=> --save-every: checkpoint at epoch (\d+) step (\d+) \(global step (\d+)\)")
+    lines = read_lines(proc, lambda lines: sum(1 for ln in lines if saved.match(ln) and ln.split()[5] == "1") >= 2
+                       and lines[-1].startswith("Epoch: [1]"), timeout=240)
+    proc.kill()
+    finish(proc)
+    last = [saved.match(ln) for ln in lines if saved.match(ln)][-1]
+    trained_last = [ln for ln in lines if ln.startswith("Epoch: [")][-1]
+    done = 25 + int(re.match(r"Epoch: \[1\]\[\s*(\d+)/", trained_last).group(1))
+    lost = done - int(last.group(3))  # the steps the kill took: those since the last save, within 1.2 s
+    assert 0 <= lost < 25, (lost, lines[-10:])
+    assert read_summary(tmp_path)["last_saved"]["global_step"] == int(last.group(3))
+    stop = dict(epoch=int(last.group(1)), step=int(last.group(2)), global_step=int(last.group(3)))
+    summary = assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+    assert summary["resumed"]["saved_for"] == "--save-every"
+
+
+# ---------------------------------------------------------------- several ranks (make test-ranks)
+
+SPAWN = ["--multiprocessing-distributed", "--device-list", "0,1", "--port", "0", "--dist-timeout", "120", "-j", "0"]
+
+
+@pytest.fixture(scope="module")
+def whole_two(shapes, tmp_path_factory):
+    """The uninterrupted job of 2 spawned ranks: its folder."""
+    out = tmp_path_factory.mktemp("whole_two")
+    trained(shapes, out, TINY + SPAWN)
+    return out
+
+
+@RANKS
+def test_two_spawned_ranks_stop_at_one_step_and_resume_exactly(shapes, tmp_path, whole_two):
+    """SIGTERM to spawn's supervisor: it passes the signal on, both ranks stop after the same step (agreed at a
+    print step), rank 0 writes the mid-epoch checkpoint, and --resume auto ends as the uninterrupted job."""
+    args = TINY + SPAWN
+    code, lines, err = stopped_at(shapes, tmp_path, args, signal.SIGTERM, "1][ 5")
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stop = read_summary(tmp_path)["stopped"]
+    assert stop["signal"] == "SIGTERM" and stop["epoch"] == 1 and 5 <= stop["step"] < 25, stop
+    assert read_checkpoint(tmp_path)["mid_epoch"]["step"] == stop["step"]
+    assert not os.path.exists(str(tmp_path / "run.lock"))
+    assert_resumes_exactly(shapes, tmp_path, args, stop, whole_two)
+
+
+@RANKS
+def test_a_torchrun_worker_stopped_by_sigterm_is_restarted_and_resumes_exactly(shapes, tmp_path, whole_two):
+    """SIGTERM to one worker of two under --max-restarts 1: the other learns it at the next print step, both save
+    and exit 143, the agent restarts the group, and --resume auto ends as the uninterrupted job."""
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+           os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path), "--resume", "auto",
+           "--dist-timeout", "120", "-j", "0"] + TINY
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(child_env(), OMP_NUM_THREADS="1"))
+    try:
+        read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1][ 5/"), timeout=240)
+        os.kill(max(workers_of(tmp_path)), signal.SIGTERM)  # rank 1 (started after rank 0)
+        out, err = finish(proc, timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert re.search(r"=> SIGTERM: stopped at epoch 1 step (\d+) of 25", out), out[-3000:]
+    assert "=> continuing epoch 1 at step" in out
+    mine, theirs = per_step(tmp_path), per_step(whole_two)
+    assert mine == theirs and same_weights(whole_two, tmp_path)

@@ -303,10 +303,10 @@ class Trainer:
         epoch, step = (done, 0) if where is None else (where["epoch"], where["step"])
         global_step = epoch * self.steps + step
         if self.summary is not None:
-            if where is not None:
-                self.saver.save_mid(dict(where, signal=signame), best_acc1)
             self.log("=> {}: stopped at epoch {} step {} of {} (global step {}); checkpoint '{}'".format(
                 signame, epoch, step, self.steps, global_step, self.saver.last))
+            if where is not None:
+                self.saver.save_mid(dict(where, signal=signame), best_acc1)
             self._summarize(totals, best_acc1=best_acc1)
             self.summary.update(stopped=dict(signal=signame, epoch=epoch, step=step, global_step=global_step),
                                 **self.saver.existing())
