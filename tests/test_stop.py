@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, read_checkpoint, read_lines, read_metrics, read_summary
-from conftest import trained
+from conftest import DOUBLE, run_main, trained
+from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
 from test_rendezvous import workers_of
 
 pytestmark = pytest.mark.timeout(300)
@@ -19,11 +20,12 @@ TINY = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.1", "--epochs", "2", "--device"
     SMALL[:-2] + ["-p", "1"]
 
 
-def stopped_at(data, out, args, sig, at):
+def stopped_at(data, out, args, sig, at, env=None):
     """main.py on ``data`` into ``out``, sent ``sig`` once its log shows the step ``at`` ("1][ 5"); returns the
     finished process's (code, stdout lines, stderr)."""
     proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(data), "--output-dir", str(out)] + args,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(**(env or {})),
+                            cwd=ROOT)
     lines = read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [{}/".format(at)), timeout=240)
     proc.send_signal(sig)
     out_text, err = finish(proc, timeout=240)
@@ -49,17 +51,18 @@ def whole(shapes, tmp_path_factory):
     return out
 
 
-def assert_resumes_exactly(data, out, args, stop, reference):
+def assert_resumes_exactly(data, out, args, stop, reference, steps=25, env=None):
     """``--resume auto`` in ``out`` (stopped at ``stop``, summary.json's "stopped") continues at the next step and
-    ends as the ``reference`` run: every step's loss, the last Acc@1, the weights."""
-    resumed = trained(data, out, args + ["--resume", "auto"])
-    assert "=> continuing epoch {} at step {} of 25".format(stop["epoch"], stop["step"]) in resumed.stdout
+    ends as the ``reference`` run (two epochs of ``steps``): every step's loss, the last Acc@1, the weights."""
+    resumed = run_main([str(data), "--output-dir", str(out)] + args + ["--resume", "auto"], env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "=> continuing epoch {} at step {} of {}".format(stop["epoch"], stop["step"], steps) in resumed.stdout
     first = [line for line in resumed.stdout.splitlines() if line.startswith("Epoch: ")][0]
-    assert re.match(r"Epoch: \[{}\]\[\s*{}/25\]".format(stop["epoch"], stop["step"] + 1), first), first
+    assert re.match(r"Epoch: \[{}\]\[\s*{}/{}\]".format(stop["epoch"], stop["step"] + 1, steps), first), first
     summary = read_summary(out)
     assert summary["status"] == "ok" and summary["resumed"]["global_step"] == stop["global_step"]
     mine, theirs = per_step(out), per_step(reference)
-    assert len(theirs[0]) == 50 and mine == theirs
+    assert len(theirs[0]) == 2 * steps and mine == theirs
     assert same_weights(reference, out)
     return summary
 
@@ -140,7 +143,7 @@ def test_a_torchrun_worker_stopped_by_sigterm_is_restarted_and_resumes_exactly(s
            os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path), "--resume", "auto",
            "--dist-timeout", "120", "-j", "0"] + TINY
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env=dict(child_env(), OMP_NUM_THREADS="1"))
+                            env=child_env())  # the threads of the uninterrupted job (its sums add alike)
     try:
         read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1][ 5/"), timeout=240)
         os.kill(max(workers_of(tmp_path)), signal.SIGTERM)  # rank 1 (started after rank 0)
@@ -153,3 +156,23 @@ def test_a_torchrun_worker_stopped_by_sigterm_is_restarted_and_resumes_exactly(s
     assert "=> continuing epoch 1 at step" in out
     mine, theirs = per_step(tmp_path), per_step(whole_two)
     assert mine == theirs and same_weights(whole_two, tmp_path)
+
+
+# ---------------------------------------------------------------- the NPU double (make test-npu)
+
+
+@DOUBLE
+@pytest.mark.usefixtures("double")
+def test_on_the_npu_double_with_amp_a_sigterm_then_resume_auto_equals_the_uninterrupted_run(shapes, tmp_path):
+    """--device npu --amp on the torch_npu double (its GradScaler's state in the checkpoint): SIGTERM in epoch 1,
+    then --resume auto, ends as the uninterrupted run."""
+    args = [a if a != "cpu" else "npu" for a in TINY] + ["-j", "0", "--amp", "--max-steps-per-epoch", "10"]
+    env = fake_env()
+    whole = run_main([str(shapes), "--output-dir", str(tmp_path / "whole")] + args, env=env)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    code, lines, err = stopped_at(shapes, tmp_path / "cut", args, signal.SIGTERM, "1][ 3", env=env)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stop = read_summary(tmp_path / "cut")["stopped"]
+    assert stop["signal"] == "SIGTERM" and stop["epoch"] == 1 and 3 <= stop["step"] < 10, stop
+    assert "scaler" in read_checkpoint(tmp_path / "cut")
+    assert_resumes_exactly(shapes, tmp_path / "cut", args, stop, tmp_path / "whole", steps=10, env=env)

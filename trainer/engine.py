@@ -100,13 +100,14 @@ class Loops:
         due = bool(self.save_every) and time.time() - self._saved_at >= self.save_every
         return (self.stop.signum or 0) if self.stop is not None else 0, due
 
-    @staticmethod
-    def _position(epoch, i, sums, guard, step_losses, step_lrs, seen=None):
+    def _position(self, epoch, i, sums, guard, step_losses, step_lrs, seen=None):
         """What a mid-epoch checkpoint keeps of the loop after step ``i``: the step to continue at, the meters'
         totals (``seen``: the interval's start, where a stop's read is not to be repeated), the guard's counters,
         the losses and LRs recorded so far."""
-        return dict(epoch=epoch, step=i + 1, sums=sums.state(seen), guard=guard.state(),
-                    step_losses=[list(p) for p in step_losses], step_lrs=[list(p) for p in step_lrs])
+        dist = self.dist
+        return dict(epoch=epoch, step=i + 1, sums=sums.state(seen, dist.rank, dist.world_size, dist.all_reduce_sum),
+                    guard=guard.state(), step_losses=[list(p) for p in step_losses],
+                    step_lrs=[list(p) for p in step_lrs])
 
     def autocast(self):
         p = self.precision
@@ -131,7 +132,7 @@ class Loops:
         sums, guard = metrics.Sums(dev), Guard(dev)
         self.position = None
         if carry:
-            sums.restore(carry["sums"])
+            sums.restore(carry["sums"], dist.rank, dist.world_size)
             guard.restore(carry["guard"])
         meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch), restart_at=run.skip_steps)
         compiling = step.compiling  # --compile: this epoch's first step compiles

@@ -47,7 +47,9 @@ def worker(plan, amp_timer=None):
     anything else is raised (exit 1). ``plan.notes`` are logged once the run is built."""
     cli.append_to_shared_log()  # several ranks may share one log file (ModelZoo's loops)
     section = plan.launch
-    stop = stops.StopRequest().install()
+    # installed once the process group has started: a rank stopped at its rendezvous ends by the signal itself
+    # (trainer/job/held_stderr.py)
+    stop = stops.StopRequest()
     try:
         return _worker(plan, section, stop, amp_timer)
     finally:
@@ -64,6 +66,7 @@ def _worker(plan, section, stop, amp_timer):
             settings["deterministic"] = device.deterministic()
         host_memory = Device.of(plan.kind).keep_host_memory()
         dist = distributed.init(section, device)
+        stop.install()
     except RendezvousError as exc:
         summary.failed_start(plan, exc)
         return cli.report(exc)

@@ -278,9 +278,9 @@ class Trainer:
                     summary.write()
                     self.recorder.epoch_record(self._epoch_record(epoch, tr, (val, ema_val), overflow))
                 dist.barrier()
-                if loops.stopped_by:  # a stop signal at the epoch's last step: its checkpoint is the epoch's
+                if loops.stopped_by and done < run.epochs:  # a stop at the epoch's last step: the epoch's checkpoint
                     return self._stopped(loops, totals, best_acc1, done)
-                if loops.stop_requested:
+                if loops.stop_requested and not loops.stopped_by:
                     log("=> stopping after the profiled steps (--profile-stop)")
                     break
             if self.profiler is not None:

@@ -85,11 +85,11 @@ class Ranks:
         while self.running() and time.time() < deadline:
             time.sleep(poll)
 
-    def stop(self, sig=signal.SIGTERM, poll=0.2, grace=STOP_GRACE):
-        """``sig`` to every rank still running, SIGKILL after ``grace`` seconds (and to what is left in their
-        groups)."""
+    def stop(self, sig=signal.SIGTERM, poll=0.2, grace=None):
+        """``sig`` to every rank still running, SIGKILL after ``grace`` seconds (STOP_GRACE by default; and to what
+        is left in their groups)."""
         self.signal_all(sig)
-        self._settle(grace, poll)
+        self._settle(STOP_GRACE if grace is None else grace, poll)
         self.signal_all(signal.SIGKILL)
         for p in self.procs:
             (p.wait if hasattr(p, "wait") else p.join)()

@@ -260,13 +260,22 @@ class Sums:
         """The totals at the last read (where the next interval starts)."""
         return list(self._seen)
 
-    def state(self, seen=None):
-        """What a mid-epoch checkpoint keeps: this process's totals (host values, a sync) and the interval's start
-        (``seen``: another start, the one before a read that the resumed loop does not repeat)."""
-        return {"total": [float(v) for v in self.total.tolist()], "seen": list(self._seen if seen is None else seen)}
+    def state(self, seen=None, rank=0, world=1, reduce_fn=None):
+        """What a mid-epoch checkpoint keeps: every process's totals, one row per rank (``reduce_fn`` sums the rows
+        each process filled with its own: every process calls this; a sync), and the interval's start (``seen``:
+        another start, the one before a read that the resumed loop does not repeat)."""
+        rows = torch.zeros((world, 4), dtype=torch.float32, device=self.total.device)
+        rows[rank] = self.total
+        rows = rows if reduce_fn is None else reduce_fn(rows)
+        return {"totals": [[float(v) for v in row] for row in rows.tolist()],
+                "seen": list(self._seen if seen is None else seen)}
 
-    def restore(self, state):
-        self.total = self.device.move(torch.tensor(state["total"], dtype=torch.float32))
+    def restore(self, state, rank=0, world=1):
+        """``state`` back: this rank's own totals (so that the sums add as they would have); where the world
+        changed since, rank 0 holds them all."""
+        rows = state["totals"]
+        mine = rows[rank] if len(rows) == world else [sum(c) for c in zip(*rows)] if rank == 0 else [0.0] * 4
+        self.total = self.device.move(torch.tensor(mine, dtype=torch.float32))
         self._seen = [float(v) for v in state["seen"]]
 
     def read(self, reduce_fn=None, extras=None):
