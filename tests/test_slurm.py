@@ -81,7 +81,7 @@ def test_a_requeueable_job_warned_with_usr1_is_requeued_and_ends_as_the_uninterr
     step, and it ends with the uninterrupted run's weights."""
     args = ["-a", "tiny_cnn", "--epochs", "1", "-b", "16", "--lr", "0.1", "--seed", "11", "--device", "cpu"] + \
         SMALL[:-2] + ["-p", "1"]
-    whole = run_main([shapes, "--output-dir", str(tmp_path / "whole")] + args)
+    whole = run_main([shapes, "--output-dir", str(tmp_path / "whole")] + args, env={"OMP_NUM_THREADS": "1"})
     assert whole.returncode == 0, whole.stderr[-3000:]
     out, log = tmp_path / "run", tmp_path / "job.out"
     cmd = "exec {} {} {} --output-dir {} --resume auto {}".format(PY, os.path.join(ROOT, "main.py"), shapes, out,
