@@ -15,7 +15,9 @@ timed between two device synchronisations; the time spent waiting for data is me
 on the host and reported beside it. The divergence guard (trainer/guard.py) is read at the
 same points as the meters.
 """
+import dataclasses
 import time
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -32,14 +34,14 @@ def targets(device, target):
 
 class TrainStep:
     """One training step. ``model``: the (wrapped) model; ``criterion``: the training loss; ``step``: the
-    OptimizerStep (trainer/precision/amp.py: optimizer, loss scaling, autocast); ``schedule``: the LR of (epoch,
-    step); ``normalize``: data.Normalizer; ``ema``: --model-ema's average or None; ``dumper``: --precision-dump's
-    msprobe dump or None (it starts before the forward pass and stops after the optimizer step); ``log``: for the
-    compiling step's lines."""
+    OptimizerStep (trainer/precision/amp.py: optimizer, loss scaling, autocast, on its device); ``schedule``: the LR
+    of (epoch, step); ``normalize``: data.Normalizer; ``ema``: --model-ema's average or None; ``dumper``:
+    --precision-dump's msprobe dump or None (it starts before the forward pass and stops after the optimizer step);
+    ``log``: for the compiling step's lines."""
 
-    def __init__(self, model, criterion, step, schedule, normalize, device, ema=None, dumper=None, log=print):
+    def __init__(self, model, criterion, step, schedule, normalize, ema=None, dumper=None, log=print):
         self.model, self.criterion, self.step, self.schedule = model, criterion, step, schedule
-        self.normalize, self.device, self.ema, self.dumper, self.log = normalize, device, ema, dumper, log
+        self.normalize, self.device, self.ema, self.dumper, self.log = normalize, step.device, ema, dumper, log
 
     @property
     def compiling(self):
@@ -71,6 +73,7 @@ class TrainStep:
         return output, loss, skipped
 
 
+@dataclasses.dataclass(eq=False)
 class Loops:
     """The epoch loops, given what they use. ``recorder``: observe.Recorder (or Silent); ``log``: metrics.Logger;
     ``zoo``: metrics.ZooLines; ``run``: the run section (print_freq, fps_warmup_steps, skip_steps, save_every);
@@ -86,12 +89,21 @@ class Loops:
     point that exists already, so a stop adds no host sync to any step and every rank stops after the same step.
     --save-every's interval is agreed alike (one process: checked at every step on the host clock)."""
 
-    def __init__(self, device, dist, normalize, recorder, log, zoo, run, val_tta=None, precision=None, stop=None,
-                 batch=None, save=None):
-        self.device, self.dist, self.normalize, self.recorder, self.log = device, dist, normalize, recorder, log
-        self.zoo, self.run, self.val_tta, self.precision = zoo, run, val_tta, precision
-        self.stop, self.batch, self.save = stop, batch, save
-        self.save_every = 60.0 * run.save_every if save is not None and run.save_every else None
+    device: Any
+    dist: Any
+    normalize: Any
+    recorder: Any
+    log: Any
+    zoo: Any
+    run: Any
+    val_tta: Optional[str] = None
+    precision: Any = None
+    stop: Any = None
+    batch: Optional[int] = None
+    save: Optional[Callable] = None
+
+    def __post_init__(self):
+        self.save_every = 60.0 * self.run.save_every if self.save is not None and self.run.save_every else None
         self._saved_at = time.time()
         self.first_steps, self.stop_requested, self.stopped_by, self.position = None, False, None, None
 

@@ -130,8 +130,8 @@ class Trainer:
         if plan.run.precision_dump is not None:
             self.dumper = align.Dumper(plan.run, self.dist.rank, self.start_epoch * self.steps,
                                        _unwrap(self.model_for_eval), log)
-        self.train_step = TrainStep(self.model, self.criterion, self.step, self.schedule, self.normalize, device,
-                                    self.ema, self.dumper, log)
+        self.train_step = TrainStep(self.model, self.criterion, self.step, self.schedule, self.normalize, self.ema,
+                                    self.dumper, log)
         if plan.run.profile_steps is not None:
             from trainer.record.profiling import StepProfiler
             self.profiler = StepProfiler(plan.run.profile_steps, plan.run.profile_stop, device, plan.run.output_dir,
@@ -469,7 +469,7 @@ def _recorder(trainer):
     if note:
         trainer.log("note: " + note)
     return observe.Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", trainer.start_epoch, trainer.steps,
-                            trainer.plan.as_dict(), trainer.log)
+                            trainer.plan.as_dict(), trainer.log, (trainer.carry or {}).get("step", 0))
 
 
 def model_num_classes(model):
