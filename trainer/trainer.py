@@ -119,6 +119,10 @@ class Trainer:
         self.steps = len(self.train_loader)
         if plan.run.max_steps_per_epoch:
             self.steps = min(self.steps, plan.run.max_steps_per_epoch)
+        if self.carry:
+            log("=> continuing epoch {} at step {} of {} (a mid-epoch checkpoint{})".format(
+                self.carry["epoch"], self.carry["step"], self.steps,
+                ", saved for {}".format(self.carry["signal"]) if self.carry.get("signal") else ""))
         self.ema = self._build_ema(resume)
         if self.dist.active and not self.precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
             self.model = device.ddp(self.model, plan.launch.broadcast_buffers)
@@ -184,10 +188,6 @@ class Trainer:
         log("=> resumed '{}' at epoch {} (best Acc@1 {})".format(resume.path, resume.epoch, resume.best_acc1))
         self.start_epoch, self.best_acc1 = resume.epoch, resume.best_acc1
         self.carry = resume.entries.get("mid_epoch")
-        if self.carry:
-            log("=> continuing epoch {} at step {} of {} (a mid-epoch checkpoint{})".format(
-                self.carry["epoch"], self.carry["step"], len(self.train_loader),
-                ", saved for {}".format(self.carry["signal"]) if self.carry.get("signal") else ""))
 
     def _log_notes(self, notes):
         """Each note as a ``note:`` line of the log, and all of them in the summary."""
