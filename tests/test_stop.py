@@ -11,8 +11,10 @@ import subprocess
 import pytest
 import torch
 
+import main as entry
+
 from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, read_checkpoint, read_lines, read_metrics, read_summary
-from conftest import DOUBLE, run_main, trained
+from conftest import DOUBLE, assert_call_error, run_main, trained
 from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
 from test_rendezvous import workers_of
 
@@ -108,6 +110,13 @@ def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, who
     stop = dict(epoch=int(last.group(1)), step=int(last.group(2)), global_step=int(last.group(3)))
     summary = assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
     assert summary["resumed"]["saved_for"] == "--save-every"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_save_every_takes_minutes_above_zero(shapes, tmp_path, capsys, value):
+    assert_call_error(entry.main, [shapes, "--output-dir", str(tmp_path), "--save-every", value], capsys,
+                      "--save-every", value)
+    assert not os.listdir(str(tmp_path))
 
 
 # ---------------------------------------------------------------- several ranks (make test-ranks)
