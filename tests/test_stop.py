@@ -65,6 +65,7 @@ def assert_resumes_exactly(data, out, args, stop, reference, steps=25, env=None)
     assert re.match(r"Epoch: \[{}\]\[\s*{}/{}\]".format(stop["epoch"], stop["step"] + 1, steps), first), first
     summary = read_summary(out)
     assert summary["status"] == "ok" and summary["resumed"]["global_step"] == stop["global_step"]
+    assert summary["trained_steps"] == 2 * steps - stop["global_step"]  # no step trained twice
     mine, theirs = per_step(out), per_step(reference)
     assert len(theirs[0]) == 2 * steps and mine == theirs
     assert same_weights(reference, out)

@@ -223,7 +223,8 @@ class Loops:
             steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
             fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
             data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
-            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses), step_lrs=tuple(step_lrs))
+            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses), step_lrs=tuple(step_lrs),
+            start=start)
         for line in self.zoo.trained(stats):
             self.log(line)
         return stats

@@ -154,6 +154,7 @@ class TrainStats:
     images: int
     step_losses: tuple = ()  # (global step, the training loss of the printed interval ending there), per print
     step_lrs: tuple = ()  # (global step, the LR of that step), per print
+    start: int = 0  # the step a mid-epoch checkpoint continued at (the steps before it were trained by another run)
 
     @property
     def last_loss(self):
@@ -177,7 +178,7 @@ class RunTotals:
             self.steps += tr.timed_steps
         self.wait += tr.data_wait_seconds
         self.wall += tr.seconds
-        self.trained_steps += tr.steps
+        self.trained_steps += tr.steps - tr.start
 
     def fields(self):
         """summary.json's fields of these totals."""
