@@ -1,6 +1,7 @@
 """A stopped run loses at most a step: real signals to real runs (trainer/job/stop.py). SIGTERM in the middle of
 an epoch saves a mid-epoch checkpoint, and --resume auto ends exactly as the uninterrupted run (every step's loss,
-Acc@1, the weights): one process, with and without data workers; a kill -9 under --save-every; 2 spawned ranks and
+Acc@1, the weights): one process, with and without data workers, and after a resolution change; a kill -9 under
+--save-every; 2 spawned ranks and
 a torchrun worker (make test-ranks); --amp on the NPU double (make test-npu). The summary names the signal and the
 step, the lock is released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
 import os
@@ -111,6 +112,23 @@ def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, who
     stop = dict(epoch=int(last.group(1)), step=int(last.group(2)), global_step=int(last.group(3)))
     summary = assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
     assert summary["resumed"]["saved_for"] == "--save-every"
+
+
+def test_a_stop_after_a_resolution_change_resumes_at_its_size(shapes, tmp_path):
+    """32 px in epoch 0, 64 in epoch 1 (--min-res / --max-res): SIGTERM in epoch 1, and --resume auto continues at
+    64 px, ending as the uninterrupted run."""
+    at = TINY.index("--train-crop-size")
+    args = TINY[:at] + TINY[at + 2:] + ["-j", "0", "--min-res", "32", "--max-res", "64", "--start-ramp", "0",
+                                        "--end-ramp", "1"]
+    trained(shapes, tmp_path / "whole", args)
+    code, lines, err = stopped_at(shapes, tmp_path / "cut", args, signal.SIGTERM, "1][ 5")
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "=> training resolution 64 from epoch 1" in lines
+    stop = read_summary(tmp_path / "cut")["stopped"]
+    assert stop["epoch"] == 1 and 5 <= stop["step"] < 25, stop
+    assert_resumes_exactly(shapes, tmp_path / "cut", args, stop, tmp_path / "whole")
+    assert read_summary(tmp_path / "cut")["train_resolutions"] == [{"from_epoch": 0, "size": 32},
+                                                                    {"from_epoch": 1, "size": 64}]
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "soon"])
