@@ -1,9 +1,8 @@
 """A stopped run loses at most a step: real signals to real runs (trainer/job/stop.py). SIGTERM in the middle of
 an epoch saves a mid-epoch checkpoint, and --resume auto ends exactly as the uninterrupted run (every step's loss,
 Acc@1, the weights): one process, with and without data workers, and after a resolution change; a kill -9 under
---save-every; 2 spawned ranks and
-a torchrun worker (make test-ranks); --amp on the NPU double (make test-npu). The summary names the signal and the
-step, the lock is released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
+--save-every; 2 spawned ranks and a torchrun worker (make test-ranks); --amp on the NPU double (make test-npu). The
+summary names the signal and the step, the lock is released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
 import os
 import re
 import signal
