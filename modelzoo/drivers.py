@@ -206,16 +206,16 @@ def run(mode, scale, argv, env=None):
         " x {}".format(counted(p.steps, "step")) if p.steps else "", p.precision, p.output_dir))
     print("command: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
     t0 = time.time()
-    from trainer.job.ranks import Interrupted, Ranks
+    from trainer.job.ranks import SIGNAL_GRACE, Interrupted, Ranks
+    from trainer.job.stop import name
     ranks = Ranks(groups=True)
     try:
         with ranks:
             logs = start_ranks(p, cmd, env, ranks)
             r = ranks.supervise()
     except Interrupted as exc:
-        sys.stderr.write("interrupted (SIG{}): stopping all ranks\n".format(
-            "INT" if exc.signum == signal.SIGINT else "TERM"))
-        ranks.stop(exc.signum)
+        sys.stderr.write("interrupted ({}): stopping all ranks\n".format(name(exc.signum)))
+        ranks.stop(exc.signum, grace=SIGNAL_GRACE)  # each rank saves its run at the step they agree on
         sys.stderr.write("interrupted: all ranks stopped; logs in {}\n".format(p.output_dir))
         return exc.exit_code
     finally:

@@ -177,12 +177,10 @@ obs["torchvision_shufflenet"] = type(build_model(cfg.model, 10, dev, 1)).__modul
 torch.nn.Module.to = real_to
 
 # 9. targets are cast on the host and reach the device as int32 already
-from trainer.engine import Loops  # noqa: E402
+from trainer.engine import targets  # noqa: E402
 moved = []
 dev.move = lambda t: (moved.append(str(t.dtype)), t)[1]
-engine = Loops()
-engine.device = dev
-obs["target_reaches_device_as"] = [str(engine._targets(torch.tensor([1, 2, 3])).dtype)] + moved
+obs["target_reaches_device_as"] = [str(targets(dev, torch.tensor([1, 2, 3])).dtype)] + moved
 del dev.move
 
 # 10. the device data backend's NPU seam: torchvision_npu's decode_jpeg (DVPP) behind Device.jpeg_decoder

@@ -4,6 +4,7 @@ not pass without one, nor run on a cluster's Slurm (/etc/slurm/slurm.conf)."""
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 import torch
@@ -70,3 +71,42 @@ def test_the_sbatch_example_runs(slurm, data70, single, tmp_path):
     assert proc.returncode == 0, (proc.stderr[-2000:], log[-3000:])
     assert "=> no checkpoint in '{}' to resume: starting a new run".format(out) in log
     assert_same_as_single(out, single)
+
+
+def test_a_requeueable_job_warned_with_usr1_is_requeued_and_ends_as_the_uninterrupted_run(slurm, shapes, tmp_path):
+    """sbatch --requeue of one process that the batch shell execs; Slurm's warning signal delivered with
+    ``scancel --signal=USR1 --batch`` (what --signal=B:USR1@N sends at its time: the local Slurm's minutes and its
+    once-a-minute check of the time limit would make the lane wait minutes). The run saves a mid-epoch checkpoint,
+    requeues its job (scontrol requeue) and exits 138; the job starts again, --resume auto continues at the next
+    step, and it ends with the uninterrupted run's weights."""
+    args = ["-a", "tiny_cnn", "--epochs", "1", "-b", "16", "--lr", "0.1", "--seed", "11", "--device", "cpu"] + \
+        SMALL[:-2] + ["-p", "1"]
+    whole = run_main([shapes, "--output-dir", str(tmp_path / "whole")] + args, env={"OMP_NUM_THREADS": "1"})
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    cmd = "exec {} {} {} --output-dir {} --resume auto {}".format(PY, os.path.join(ROOT, "main.py"), shapes, out,
+                                                                  " ".join(args))
+    sub = subprocess.run(["sbatch", "--parsable", "--requeue", "--open-mode=append", "--output", str(log),
+                          "--wrap", cmd], env=slurm, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    try:
+        deadline = time.time() + 300
+        while "Epoch: [0][ 3/" not in (log.read_text() if log.exists() else ""):
+            assert time.time() < deadline, log.read_text()[-3000:] if log.exists() else "no job output"
+            time.sleep(0.2)
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm, check=True, timeout=30)
+        while subprocess.run(["squeue", "-h", "-j", job], env=slurm, capture_output=True, text=True,
+                             timeout=30).stdout.strip():
+            assert time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", job], env=slurm, timeout=30)
+    text = log.read_text()
+    assert "=> SIGUSR1: stopped at epoch 0 step" in text and "=> Slurm job {} requeued".format(job) in text, text
+    assert "=> continuing epoch 0 at step" in text, text[-3000:]
+    s = read_summary(out)
+    assert s["status"] == "ok" and s["resumed"]["saved_for"] == "SIGUSR1" and s["steps_redone"] == 0
+    a = torch.load(os.path.join(str(tmp_path / "whole"), "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    b = torch.load(os.path.join(str(out), "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

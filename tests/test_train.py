@@ -173,9 +173,12 @@ def test_ctrl_c_writes_interrupted_summary(shapes, tmp_path):
     p.send_signal(signal.SIGINT)
     out, err = finish(p, timeout=120)
     assert p.returncode == 130, err[-2000:]
-    assert err.strip().splitlines() == ["interrupted: summary and checkpoints in '{}'; continue with --resume auto"
-                                        .format(tmp_path)], err
-    assert read_summary(tmp_path)["status"] == "interrupted"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(r"interrupted by SIGINT at global step \d+: summary and checkpoints in "
+                                            r"'{}'; continue with --resume auto".format(re.escape(str(tmp_path))),
+                                            lines[0]), err
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "interrupted" and summary["stopped"]["signal"] == "SIGINT"
 
 
 def test_corrupt_image_stops_run_naming_file(tmp_path):

@@ -2,11 +2,15 @@
 from trainer.errors import counted
 
 
-def interrupted_line(plan):
+def interrupted_line(plan, signal_name=None, global_step=None):
+    """The last line of a run a signal stopped (``global_step``: where its mid-epoch checkpoint continues)."""
     if plan.run.evaluate:
         return "interrupted: the evaluation stopped; nothing in '{}' was changed but its summary".format(
             plan.run.output_dir)
-    return "interrupted: summary and checkpoints in '{}'; continue with --resume auto".format(plan.run.output_dir)
+    by = " by {}".format(signal_name) if signal_name else ""
+    at = " at global step {}".format(global_step) if global_step is not None else ""
+    return "interrupted{}{}: summary and checkpoints in '{}'; continue with --resume auto".format(
+        by, at, plan.run.output_dir)
 
 
 def out_of_memory_line(plan, device):

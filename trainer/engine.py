@@ -1,4 +1,12 @@
-"""Train and validate loops.
+"""Train and validate loops, and one training step.
+
+    TrainStep(...)           one training step, all of it in one place: the step's LR, the batch normalised and
+                             its targets moved, forward and loss under autocast, backward and the optimizer step
+                             (with its loss scaling), the weight average's update
+    Loops(...)               the epoch loops over a loader, given what they use: the device, the process group,
+                             the normalizer, the recorder, the log and ModelZoo's lines, the settings they read
+      .train_one_epoch(step, loader, epoch, steps, ...)   the training epoch around a TrainStep
+      .validate(model, loader, criterion, ema=False)      one validation pass
 
 No host<->device synchronisation per step: losses and hit counts accumulate on the
 device and are read (and reduced over processes) only at print steps and at the end of
@@ -7,6 +15,10 @@ timed between two device synchronisations; the time spent waiting for data is me
 on the host and reported beside it. The divergence guard (trainer/guard.py) is read at the
 same points as the meters.
 """
+import dataclasses
+import time
+from typing import Any, Callable, Optional
+
 import torch
 
 from trainer.record import metrics
@@ -14,104 +26,44 @@ from trainer.guard import Guard
 from trainer.optim.schedule import set_lr
 
 
-class Loops:
-    """``train_one_epoch`` and ``validate``, the epoch loops of trainer.trainer.Trainer (which owns the parts they
-    read: ``model``, ``criterion``, ``eval_criterion``, ``step`` (the OptimizerStep), ``precision``, ``device``,
-    ``dist``, ``normalize``, ``schedule``, ``ema`` (--model-ema's average, or None), ``plan``, ``log``, ``profiler``,
-    ``recorder``, ``zoo``, ``dumper`` (--precision-dump's, or None), ``batch_print`` (--deterministic's fingerprint of
-    the first batches, or None); and the state they keep: ``stop_requested``, ``first_steps``)."""
+def targets(device, target):
+    """The batch's targets on the device: cast on the host, then copied (the Ascend guide's order: no cast op on
+    the device per step)."""
+    return device.move(target.to(device.target_dtype))
 
-    def autocast(self):
-        return self.device.autocast(self.precision.dtype if self.precision.impl == "native" else None)
 
-    def _targets(self, target):
-        # cast on the host, then copy (the Ascend guide's order: no cast op on the device per step)
-        return self.device.move(target.to(self.device.target_dtype))
+class TrainStep:
+    """One training step. ``model``: the (wrapped) model; ``criterion``: the training loss; ``step``: the
+    OptimizerStep (trainer/precision/amp.py: optimizer, loss scaling, autocast, on its device); ``schedule``: the LR
+    of (epoch, step); ``normalize``: data.Normalizer; ``ema``: --model-ema's average or None; ``dumper``:
+    --precision-dump's msprobe dump or None (it starts before the forward pass and stops after the optimizer step);
+    ``log``: for the compiling step's lines."""
 
-    def train_one_epoch(self, loader, epoch, steps):
-        """One epoch of ``steps`` steps; returns its metrics.TrainStats."""
-        cfg, dev = self.plan, self.device
-        self.model.train()
-        if getattr(loader, "sampler", None) is not None and hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
-        batch = None
-        sums, guard, optimizer, rec = metrics.Sums(dev), Guard(dev), self.step.optimizer, self.recorder
-        meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch), restart_at=cfg.run.skip_steps)
-        compiling = getattr(self.model, "pending", False)  # --compile: this epoch's first step compiles
-        warm = cfg.run.fps_warmup_steps
-        if compiling and not 0 < warm < steps:
-            warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
-        clock = metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0)
-        step_losses, step_lrs = [], []
-        rec.start_epoch(epoch, steps)
-        for i, (images, target) in clock.batches(loader, steps):
-            batch = images.shape[0]
-            if self.batch_print is not None and self.batch_print.add(images, target):
-                self._record_batches()
-            set_lr(optimizer, self.schedule(epoch, i))
-            x, y = self.normalize(images), self._targets(target)
-            if compiling and i == 0:
-                output, loss, skipped = self.model.first_step(lambda: self._step(x, y), dev, self.log)
-            else:
-                output, loss, skipped = self._step(x, y)
-            guard.observe(loss, skipped)
-            if self.ema is not None:
-                self.ema.update(epoch, i)
-            c1, c5 = metrics.correct_counts(output.detach(), y)
-            sums.add(loss.detach() * batch, c1, c5, batch)
-            rec.step(batch)
-            if self.profiler is not None:
-                self.profiler.step(epoch * steps + i)
-                if self.profiler.stop_run:
-                    self.stop_requested = True
-            clock.stepped(i)
-            if i < clock.first:
-                for line in self.zoo.first_step(clock.first_seconds[i]):
-                    self.log(line)
-            if i % cfg.run.print_freq == 0 or i == steps - 1 or self.stop_requested:
-                # syncs the device: one read for the meters, the loss scaler's values and the guard's counters
-                interval, running, live = sums.read(self.dist.all_reduce_sum, dict(
-                    self.step.live_scalars(), guard=guard.reduced(self.dist)))
-                counters = live.pop("guard")
-                span = clock.span(i)
-                meters.update(span, interval, running)
-                step_losses.append((epoch * steps + i + 1, interval["loss"]))
-                step_lrs.append((epoch * steps + i + 1, optimizer.param_groups[0]["lr"]))
-                if not rec.bar:
-                    self.log(self.zoo.prefix + meters.line(i + 1))
-                rec.train_point(epoch * steps + i + 1, dict(
-                    live, loss=interval["loss"], acc1=interval["acc1"], acc5=interval["acc5"],
-                    epoch_loss=running["loss"], epoch_acc1=running["acc1"],
-                    lr=optimizer.param_groups[0]["lr"], data_wait=span.waited / span.seconds,
-                    **{"img/s": span.steps * batch * self.dist.world_size / span.seconds}))
-                self._check(guard, epoch, counters)
-            if self.stop_requested:
-                steps = i + 1
-                break
-        rec.end_phase()
-        timed, seconds = clock.finish()
-        timed_steps = steps - clock.warm
-        elapsed = self.dist.max(timed, dev)
-        _, running, counters = sums.read(self.dist.all_reduce_sum, {"guard": guard.reduced(self.dist)})
-        self._check(guard, epoch, counters["guard"])
-        global_batch = (batch or 0) * self.dist.world_size
-        if self.first_steps is None:
-            self.first_steps = tuple(clock.first_seconds)
-        stats = metrics.TrainStats(
-            steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
-            fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
-            data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
-            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses), step_lrs=tuple(step_lrs))
-        for line in self.zoo.trained(stats):
-            self.log(line)
-        return stats
+    def __init__(self, model, criterion, step, schedule, normalize, ema=None, dumper=None, log=print):
+        self.model, self.criterion, self.step, self.schedule = model, criterion, step, schedule
+        self.normalize, self.device, self.ema, self.dumper, self.log = normalize, step.device, ema, dumper, log
 
-    def _step(self, x, y):
-        """Forward, loss, backward and the optimizer step: (output, loss, the step's skipped flag). --precision-dump:
-        msprobe's dump starts before the forward pass and stops after the optimizer step."""
+    @property
+    def compiling(self):
+        """--compile: the next step compiles."""
+        return getattr(self.model, "pending", False)
+
+    def __call__(self, images, target, epoch, i):
+        """Step ``i`` of ``epoch`` on one batch: (output, targets on the device, loss, the step's skipped flag)."""
+        set_lr(self.step.optimizer, self.schedule(epoch, i))
+        x, y = self.normalize(images), targets(self.device, target)
+        if self.compiling:
+            output, loss, skipped = self.model.first_step(lambda: self._update(x, y), self.device, self.log)
+        else:
+            output, loss, skipped = self._update(x, y)
+        if self.ema is not None:
+            self.ema.update(epoch, i)
+        return output, y, loss, skipped
+
+    def _update(self, x, y):
         if self.dumper is not None:
             self.dumper.start()
-        with self.autocast():
+        with self.step.autocast():
             output = self.model(x)
             loss = self.criterion(output, y)
         self.step.zero_grad()
@@ -120,44 +72,192 @@ class Loops:
             self.dumper.stop()
         return output, loss, skipped
 
-    def _record_batches(self):
-        """--deterministic: the fingerprint of the first batches so far, in the summary."""
-        if self.summary is not None:
-            self.summary.data.setdefault("alignment", {}).update(
-                batches_sha256=self.batch_print.value(), batches_steps=self.batch_print.steps)
 
-    def _check(self, guard, epoch, counters):
-        guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale, counters)
+@dataclasses.dataclass(eq=False)
+class Loops:
+    """The epoch loops, given what they use. ``recorder``: observe.Recorder (or Silent); ``log``: metrics.Logger;
+    ``zoo``: metrics.ZooLines; ``run``: the run section (print_freq, fps_warmup_steps, skip_steps, save_every);
+    ``val_tta``: --val-tta; ``precision``: the resolved precision (validation's autocast); ``stop``: the run's
+    job.stop.StopRequest, or None; ``batch``: the batch per process (a resumed epoch's sampler skips the batches
+    trained); ``save(position)``: writes --save-every's mid-epoch checkpoint. State kept across epochs:
+    ``first_steps`` (the wall times of the run's first steps), ``stop_requested`` (--profile-stop, or a stop
+    signal), ``stopped_by`` (the signal every rank stopped for) and ``position`` (where the epoch stopped: what a
+    mid-epoch checkpoint keeps of the loop, or None).
+
+    The stop signal: one process stops after the step it arrived in (a host flag, no sync). Several ranks agree on
+    the step: the flag, max-reduced over ranks, travels with the meters' read at each print step (-p), the sync
+    point that exists already, so a stop adds no host sync to any step and every rank stops after the same step.
+    --save-every's interval is agreed alike (one process: checked at every step on the host clock)."""
+
+    device: Any
+    dist: Any
+    normalize: Any
+    recorder: Any
+    log: Any
+    zoo: Any
+    run: Any
+    val_tta: Optional[str] = None
+    precision: Any = None
+    stop: Any = None
+    batch: Optional[int] = None
+    save: Optional[Callable] = None
+
+    def __post_init__(self):
+        self.save_every = 60.0 * self.run.save_every if self.save is not None and self.run.save_every else None
+        self._saved_at = time.time()
+        self.first_steps, self.stop_requested, self.stopped_by, self.position = None, False, None, None
+
+    def _asked(self):
+        """(the stop signal's number or 0, whether --save-every's interval has passed), this process's view."""
+        due = bool(self.save_every) and time.time() - self._saved_at >= self.save_every
+        return (self.stop.signum or 0) if self.stop is not None else 0, due
+
+    def _position(self, epoch, i, sums, guard, step_losses, step_lrs, seen=None):
+        """What a mid-epoch checkpoint keeps of the loop after step ``i``: the step to continue at, the meters'
+        totals (``seen``: the interval's start, where a stop's read is not to be repeated), the guard's counters,
+        the losses and LRs recorded so far."""
+        dist = self.dist
+        return dict(epoch=epoch, step=i + 1, sums=sums.state(seen, dist.rank, dist.world_size, dist.all_reduce_sum),
+                    guard=guard.state(), step_losses=[list(p) for p in step_losses],
+                    step_lrs=[list(p) for p in step_lrs])
+
+    def autocast(self):
+        p = self.precision
+        return self.device.autocast(p.dtype if p is not None and p.impl == "native" else None)
+
+    def train_one_epoch(self, step, loader, epoch, steps, check, profiler=None, batch_print=None, carry=None):
+        """One epoch of ``steps`` steps of ``step`` (a TrainStep) over ``loader``; returns its metrics.TrainStats.
+        ``check(guard, epoch, counters)``: the divergence guard's check; ``profiler``: --profile-steps' or None;
+        ``batch_print``: --deterministic's fingerprint of the first batches (a callback ``(images, target)``);
+        ``carry``: a mid-epoch checkpoint's ``position`` of this epoch (the loop continues at its step, its meters
+        and the guard's counters as they were)."""
+        dev, dist, rec, run = self.device, self.dist, self.recorder, self.run
+        optimizer = step.step.optimizer
+        step.model.train()
+        start = carry["step"] if carry else 0
+        sampler = getattr(loader, "sampler", None)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+            if start:  # the batches trained before the stop are skipped, not drawn (the order is (seed, epoch)'s)
+                sampler.skip = start * self.batch
+        batch = None
+        sums, guard = metrics.Sums(dev), Guard(dev)
+        self.position = None
+        if carry:
+            sums.restore(carry["sums"], dist.rank, dist.world_size)
+            guard.restore(carry["guard"])
+        meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch), restart_at=run.skip_steps)
+        compiling = step.compiling  # --compile: this epoch's first step compiles
+        warm = run.fps_warmup_steps
+        if compiling and not 0 < warm < steps:
+            warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
+        clock = metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0, start=start)
+        step_losses = [tuple(p) for p in carry["step_losses"]] if carry else []
+        step_lrs = [tuple(p) for p in carry["step_lrs"]] if carry else []
+        rec.start_epoch(epoch, steps)
+        stop, several = self.stop, dist.world_size > 1
+        for i, (images, target) in clock.batches(loader, steps, start):
+            batch = images.shape[0]
+            if batch_print is not None:
+                batch_print(images, target)
+            output, y, loss, skipped = step(images, target, epoch, i)
+            guard.observe(loss, skipped)
+            c1, c5 = metrics.correct_counts(output.detach(), y)
+            sums.add(loss.detach() * batch, c1, c5, batch)
+            rec.step(batch)
+            if profiler is not None:
+                profiler.step(epoch * steps + i)
+                if profiler.stop_run:
+                    self.stop_requested = True
+            clock.stepped(i)
+            if i < clock.first:
+                for line in self.zoo.first_step(clock.first_seconds[i]):
+                    self.log(line)
+            regular = i % run.print_freq == 0 or i == steps - 1
+            signalled, due = self._asked() if not several else (0, False)  # one process: this step's boundary
+            agreed = signalled
+            if regular or self.stop_requested or signalled:
+                seen = sums.seen()  # a stop between print steps: the checkpoint keeps the interval open
+                extras = dict(step.step.live_scalars(), guard=guard.reduced(dist))
+                if several and regular and (stop is not None or self.save_every):  # the ranks' flags, with the meters
+                    extras["asked"] = dist.all_reduce_max(dev.move(torch.tensor(self._asked(), dtype=torch.float32)))
+                # syncs the device: one read for the meters, the loss scaler's values and the guard's counters
+                interval, running, live = sums.read(dist.all_reduce_sum, extras)
+                counters = live.pop("guard")
+                if "asked" in live:
+                    agreed, due = int(live["asked"][0]), bool(live.pop("asked")[1])
+                span = clock.span(i)
+                meters.update(span, interval, running)
+                if regular:
+                    step_losses.append((epoch * steps + i + 1, interval["loss"]))
+                    step_lrs.append((epoch * steps + i + 1, optimizer.param_groups[0]["lr"]))
+                if not rec.bar:
+                    self.log(self.zoo.prefix + meters.line(i + 1))
+                rec.train_point(epoch * steps + i + 1, dict(
+                    live, loss=interval["loss"], acc1=interval["acc1"], acc5=interval["acc5"],
+                    epoch_loss=running["loss"], epoch_acc1=running["acc1"],
+                    lr=optimizer.param_groups[0]["lr"], data_wait=span.waited / span.seconds,
+                    **{"img/s": span.steps * batch * dist.world_size / span.seconds}))
+                check(guard, epoch, counters)
+                if agreed:
+                    self.stop_requested, self.stopped_by = True, agreed
+                    if i + 1 < steps:  # mid-epoch: what the checkpoint keeps of the loop
+                        self.position = self._position(epoch, i, sums, guard, step_losses, step_lrs,
+                                                       None if regular else seen)
+            if due and not agreed and i + 1 < steps:  # --save-every: a mid-epoch checkpoint, training goes on
+                self.save(self._position(epoch, i, sums, guard, step_losses, step_lrs))
+                self._saved_at = time.time()
+            if self.stop_requested:
+                steps = i + 1
+                break
+        rec.end_phase()
+        timed, seconds = clock.finish()
+        timed_steps = steps - clock.warm
+        elapsed = dist.max(timed, dev)
+        _, running, counters = sums.read(dist.all_reduce_sum, {"guard": guard.reduced(dist)})
+        check(guard, epoch, counters["guard"])
+        global_batch = (batch or 0) * dist.world_size
+        if self.first_steps is None:
+            self.first_steps = tuple(clock.first_seconds)
+        stats = metrics.TrainStats(
+            steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
+            fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
+            data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
+            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses), step_lrs=tuple(step_lrs),
+            start=start)
+        for line in self.zoo.trained(stats):
+            self.log(line)
+        return stats
 
     @torch.no_grad()
-    def validate(self, loader, model, ema=False):
+    def validate(self, model, loader, criterion, ema=False):
         """Every image of the validation set counted exactly once (padding masked out); a metrics.EvalStats.
-        --val-tta flip: each image's logits are the mean of its own and its mirror's. ``ema``: ``model`` is
-        --model-ema's average (its own lines: "Test EMA: ", " *   EMA Acc@1 ...")."""
-        cfg, dev = self.plan, self.device
+        ``criterion``: the per-sample loss. --val-tta flip: each image's logits are the mean of its own and its
+        mirror's. ``ema``: ``model`` is --model-ema's average (its own lines: "Test EMA: ", " *   EMA Acc@1 ...")."""
+        dev, dist, rec = self.device, self.dist, self.recorder
         model.eval()
         steps = len(loader)
-        sums, rec = metrics.Sums(dev), self.recorder
+        sums = metrics.Sums(dev)
         meters = metrics.LoopMeters(steps, "Test EMA: " if ema else "Test: ", data=False)
         clock = metrics.StepClock(dev, steps)
         rec.start_epoch(None, steps, phase="val")
         for i, (images, target, valid) in clock.batches(loader, steps):
-            x, y, m = self.normalize(images), self._targets(target), dev.move(valid)
+            x, y, m = self.normalize(images), targets(dev, target), dev.move(valid)
             with self.autocast():
                 output = model(x)
-                if cfg.data.val_tta == "flip":  # FFCV's lr_tta (which sums; the mean ranks alike): image and mirror
+                if self.val_tta == "flip":  # FFCV's lr_tta (which sums; the mean ranks alike): image and mirror
                     output = (output.float() + model(x.flip(3)).float()) / 2
-            per_sample = self.eval_criterion(output.float(), y)
+            per_sample = criterion(output.float(), y)
             c1, c5 = metrics.correct_counts(output, y, m)
             sums.add((per_sample * m).sum(), c1, c5, m.sum())
             rec.step(images.shape[0])
-            if i % cfg.run.print_freq == 0 or i == steps - 1:
-                interval, running = sums.read(self.dist.all_reduce_sum)
+            if i % self.run.print_freq == 0 or i == steps - 1:
+                interval, running = sums.read(dist.all_reduce_sum)
                 meters.update(clock.span(i), interval, running)
                 if not rec.bar:
                     self.log(self.zoo.prefix + meters.line(i + 1))
         rec.end_phase()
-        _, running = sums.read(self.dist.all_reduce_sum)
+        _, running = sums.read(dist.all_reduce_sum)
         self.log(metrics.summary_line(running["acc1"], running["acc5"], "EMA " if ema else ""))
         for line in () if ema else self.zoo.validated(running["acc1"], running["acc5"]):
             self.log(line)

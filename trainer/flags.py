@@ -145,6 +145,10 @@ class RunConfig(_Section):
     checkpoint_freq: int = setting(
         "--checkpoint-freq", group="modelzoo", default=0, type=number(int, 0), metavar="N",
         help="0: one checkpoint file, rewritten each epoch; N: also keep NAME_epochE.pth.tar every N epochs")
+    save_every: Optional[float] = setting(
+        "--save-every", group="run", type=number(float, 0, exclusive=True), metavar="MINUTES",
+        help="also save a mid-epoch checkpoint every MINUTES of training (in the last epoch's file, written "
+             "atomically), so that a run killed outright loses at most that much")
     move_earlier_run: bool = False  # --output-dir not given: an earlier run in it is moved aside (record/folders.py)
     modelzoo: Optional[str] = None  # the ModelZoo entry this run stands in for (its log lines): resnet50 | shufflenetv2
     # precision alignment (trainer/align.py)
@@ -425,7 +429,8 @@ def build_parser():
         epilog="Exit codes: 0 the model trained (summary.json status ok); 1 a crash (failed); 2 a user error (one line "
                "on stderr); 4 the run diverged (status diverged: a non-finite training loss, more than 50 consecutive "
                "float16 steps skipped for inf/NaN gradients, or non-finite weights; the last good checkpoints are "
-               "kept; see docs/PRECISION.md); 130 interrupted.")
+               "kept; see docs/PRECISION.md); 128 + the signal's number when a signal stopped it (130 SIGINT, "
+               "143 SIGTERM, 138 SIGUSR1: a mid-epoch checkpoint that --resume auto continues; docs/DISTRIBUTED.md).")
 
 
 def parse_typed(parser, argv):

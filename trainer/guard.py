@@ -56,6 +56,15 @@ class Guard:
             self._run = (self._run + 1.0) * f
             self.stats[1] = torch.maximum(self.stats[1], self._run)
 
+    def state(self):
+        """The counters as host values (a mid-epoch checkpoint's), and ``restore`` to put them back."""
+        return [float(v) for v in torch.cat([self.stats, self._run.reshape(1), self._seen.reshape(1)]).tolist()]
+
+    def restore(self, values):
+        self.stats = self.device.move(torch.tensor(values[:3]))
+        self._run = self.device.move(torch.tensor(values[3]))
+        self._seen = self.device.move(torch.tensor(values[4]))
+
     def reduced(self, dist):
         """The counters, the max over ranks, as a device tensor: for ``check``'s ``values``, read in the same
         transfer as the meters (metrics.Sums.read's ``extras``)."""

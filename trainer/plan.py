@@ -109,7 +109,7 @@ def plan(cfg, env=None, notes=()):
     resume = checkpoint.resolve_resume(run.resume, run.output_dir, run.checkpoint_prefix)
     resume = checkpoint.File(resume) if resume is not None else None
     if resume is not None and not run.evaluate:
-        done = checkpoint.read_training(resume, cfg.model.arch).epoch
+        done = resume.training(cfg.model.arch).epoch
         if done >= run.epochs:
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
                              "--epochs to continue)".format(resume.path, done, run.epochs))

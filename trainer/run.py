@@ -14,7 +14,7 @@ import stat
 import sys
 
 from trainer import cli
-from trainer.job import affinity, distributed, ranks
+from trainer.job import affinity, distributed, ranks, stop as stops
 from trainer.record import folders, metrics, summary
 from trainer.device import Device, out_of_memory
 from trainer.errors import UsageError, one_line, report
@@ -44,9 +44,20 @@ def run(cfg, notes=(), amp_timer=None, env=None):
 
 def worker(plan, amp_timer=None):
     """One process (one rank) of ``plan``. Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
-    130 interrupted; anything else is raised (exit 1). ``plan.notes`` are logged once the run is built."""
+    128 + the signal's number when SIGINT (130), SIGTERM (143) or SIGUSR1 stopped it (trainer/job/stop.py);
+    anything else is raised (exit 1). ``plan.notes`` are logged once the run is built."""
     append_to_shared_log()  # several ranks may share one log file (ModelZoo's loops)
     section = plan.launch
+    # installed once the process group has started: a rank stopped at its rendezvous ends by the signal itself
+    # (trainer/job/held_stderr.py)
+    stop = stops.StopRequest()
+    try:
+        return _worker(plan, section, stop, amp_timer)
+    finally:
+        stop.restore()
+
+
+def _worker(plan, section, stop, amp_timer):
     try:
         # Ascend rule: the device is set first, once, before any tensor or model touches it.
         bound = affinity.bind(section, plan.kind)  # before any thread or data worker starts
@@ -56,6 +67,7 @@ def worker(plan, amp_timer=None):
             settings["deterministic"] = device.deterministic()
         host_memory = Device.of(plan.kind).keep_host_memory()
         dist = distributed.init(section, device)
+        stop.install()
     except RendezvousError as exc:
         summary.failed_start(plan, exc)
         return report(exc)
@@ -73,18 +85,22 @@ def worker(plan, amp_timer=None):
             name = summary.EVAL_SUMMARY if plan.run.evaluate else summary.SUMMARY
             rs = summary.RunSummary(plan, os.path.join(plan.run.output_dir, name))
             rs.update(host_memory=host_memory, cpu_binding=bound, device_settings=settings)
-        trainer = Trainer(plan, device, dist, log, rs, amp_timer)
+        trainer = Trainer(plan, device, dist, log, rs, amp_timer, stop)
         return trainer.evaluate() if plan.run.evaluate else trainer.fit()
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (or spawn's supervisor passing it on)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal outside the training loop (stop.Stopped)
+        for s in stops.SIGNALS:  # a second signal (or spawn's supervisor passing it on)
+            signal.signal(s, signal.SIG_IGN)
+        signum = getattr(exc, "signum", signal.SIGINT)
         dist.record_failure()
-        _finish(rs, "interrupted", "interrupted by the user")  # must not cut the summary short
+        _finish(rs, "interrupted", "interrupted by the user" if signum == signal.SIGINT else
+                "stopped by {}".format(stops.name(signum)))  # must not cut the summary short
         if dist.is_main and section.mode != "spawn":  # spawn's parent says it for all ranks
-            sys.stderr.write(cli.interrupted_line(plan) + "\n")
+            sys.stderr.write(cli.interrupted_line(plan, None if signum == signal.SIGINT else stops.name(signum))
+                             + "\n")
             sys.stderr.flush()
         else:
             log.warn("interrupted")
-        return 130
+        return stops.exit_code(signum)
     except Diverged as exc:
         dist.record_failure()
         _finish(rs, "diverged", exc.message(), diverged=exc.info)

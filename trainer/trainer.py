@@ -12,29 +12,32 @@ Every field of summary.json a run fills is filled in ``summary_fields``.
 import math
 import os
 import secrets
+import sys
 
 import torch
 
 import models
-from trainer import align, data, graph, optim, zoo
+from trainer import align, cli, data, graph, optim, zoo
 from trainer.errors import counted
 from trainer.job import affinity
 from trainer.precision import amp, amp_probe
 from trainer.record import checkpoint, folders, metrics, observe
 from trainer.job.clusters import world_change
-from trainer.engine import Loops
+from trainer.engine import Loops, TrainStep
 from trainer.errors import UsageError
 from trainer.guard import Diverged, all_finite
 from trainer.optim.groups import describe as describe_groups
 from trainer.optim.schedule import Schedule
 
 
-class Trainer(Loops):
+class Trainer:
     """``summary``: the summary.RunSummary of a rank that writes one, else None. ``amp_timer``: the timing function
-    of the --amp dtype probe (trainer/precision/amp_probe.py ``time_steps`` by default)."""
+    of the --amp dtype probe (trainer/precision/amp_probe.py ``time_steps`` by default). ``stop``: the process's
+    job.stop.StopRequest (armed while the epochs run), or None."""
 
-    def __init__(self, plan, device, dist, log, summary=None, amp_timer=None):
+    def __init__(self, plan, device, dist, log, summary=None, amp_timer=None, stop=None):
         self.plan, self.device, self.dist, self.log, self.summary = plan, device, dist, log, summary
+        self.stop, self.carry = stop, None  # carry: a mid-epoch checkpoint's position in its epoch
         run, world = plan.run, dist.world_size
         self.batch_per_rank = run.batch_size // world
         # data-loader workers per process: -j (per node) shared by the node's processes, else the device's default
@@ -48,7 +51,7 @@ class Trainer(Loops):
             self.workers = int(math.ceil(plan.data.workers / float(procs)))
         resume = None
         if plan.resume is not None and not run.evaluate:
-            resume = checkpoint.read_training(plan.resume, plan.model.arch)
+            resume = plan.resume.training(plan.model.arch)  # read by the plan (a spawned rank: here)
         elif run.resume == "auto" and not run.evaluate:
             log("=> no checkpoint in '{}' to resume: starting a new run".format(run.output_dir))
         self.seed = run.seed
@@ -87,7 +90,6 @@ class Trainer(Loops):
         self.zoo = metrics.ZooLines(run.modelzoo, device.index)  # the lines ModelZoo's scripts grep
         self.recorder, self.profiler, self.step, self.fallback_total = observe.Silent(), None, None, 0
         self.ema, self.last_ema_val = None, None  # --model-ema's average and its last validation
-        self.stop_requested, self.first_steps = False, None  # first_steps: the wall times of the first steps
         self.model_for_eval, self.start_epoch, self.best_acc1, self.steps = self.model, run.start_epoch, None, 0
         if run.evaluate:
             self._log_notes(tuple(plan.notes) + tuple(n for n in (self.precision.note,) if n))
@@ -117,6 +119,10 @@ class Trainer(Loops):
         self.steps = len(self.train_loader)
         if plan.run.max_steps_per_epoch:
             self.steps = min(self.steps, plan.run.max_steps_per_epoch)
+        if self.carry:
+            log("=> continuing epoch {} at step {} of {} (a mid-epoch checkpoint{})".format(
+                self.carry["epoch"], self.carry["step"], self.steps,
+                ", saved for {}".format(self.carry["signal"]) if self.carry.get("signal") else ""))
         self.ema = self._build_ema(resume)
         if self.dist.active and not self.precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
             self.model = device.ddp(self.model, plan.launch.broadcast_buffers)
@@ -128,6 +134,8 @@ class Trainer(Loops):
         if plan.run.precision_dump is not None:
             self.dumper = align.Dumper(plan.run, self.dist.rank, self.start_epoch * self.steps,
                                        _unwrap(self.model_for_eval), log)
+        self.train_step = TrainStep(self.model, self.criterion, self.step, self.schedule, self.normalize, self.ema,
+                                    self.dumper, log)
         if plan.run.profile_steps is not None:
             from trainer.record.profiling import StepProfiler
             self.profiler = StepProfiler(plan.run.profile_steps, plan.run.profile_stop, device, plan.run.output_dir,
@@ -179,6 +187,7 @@ class Trainer(Loops):
                 plan.run.start_epoch, resume.epoch))
         log("=> resumed '{}' at epoch {} (best Acc@1 {})".format(resume.path, resume.epoch, resume.best_acc1))
         self.start_epoch, self.best_acc1 = resume.epoch, resume.best_acc1
+        self.carry = resume.entries.get("mid_epoch")
 
     def _log_notes(self, notes):
         """Each note as a ``note:`` line of the log, and all of them in the summary."""
@@ -188,34 +197,75 @@ class Trainer(Loops):
         if self.summary is not None:
             self.summary.update(notes=list(notes))
 
+    def _loops(self):
+        """The epoch loops (trainer/engine.py) over this rank's device, process group, recorder and log."""
+        return Loops(self.device, self.dist, self.normalize, self.recorder, self.log, self.zoo, self.plan.run,
+                     self.plan.data.val_tta, self.precision, self.stop, self.batch_per_rank,
+                     self._save_mid if self.step is not None else None)
+
+    def _save_mid(self, position):
+        """--save-every: a mid-epoch checkpoint (by the rank that writes them), noted in the summary."""
+        if self.summary is None:
+            return
+        self.saver.save_mid(position, self.best_acc1)
+        saved = dict(epoch=position["epoch"], step=position["step"],
+                     global_step=position["epoch"] * self.steps + position["step"])
+        self.log("=> --save-every: checkpoint at epoch {epoch} step {step} (global step {global_step})".format(
+            **saved))
+        self.summary.update(last_saved=saved)
+        self.summary.write()
+
+    def _check(self, guard, epoch, counters):
+        """The divergence guard's check at a print step or an epoch's end (its counters read with the meters)."""
+        guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale, counters)
+
+    def _batch_print(self, images, target):
+        """--deterministic: the fingerprint of the first batches so far, in the summary."""
+        if self.batch_print is not None and self.batch_print.add(images, target) and self.summary is not None:
+            self.summary.data.setdefault("alignment", {}).update(
+                batches_sha256=self.batch_print.value(), batches_steps=self.batch_print.steps)
+
     def fit(self):
         """The epochs: train, validate, save, record. Returns 0 (a failure raises)."""
         run, dist, log, summary = self.plan.run, self.dist, self.log, self.summary
         self.recorder = _recorder(self)
+        loops = self.loops = self._loops()
         try:
             totals = metrics.RunTotals()
             best_acc1, last_val = self.best_acc1, None
             self._summarize(totals, epochs_completed=self.start_epoch, best_acc1=best_acc1)
             if summary is not None:
                 summary.started = True
+                if self.carry:
+                    summary.update(resumed=dict(epoch=self.carry["epoch"], step=self.carry["step"],
+                                                global_step=self.carry["epoch"] * self.steps + self.carry["step"],
+                                                saved_for=self.carry.get("signal") or "--save-every"),
+                                   steps_redone=0 if self.carry.get("signal") else None)
+            if self.stop is not None:
+                self.stop.armed = True  # from here a signal stops the run at a step boundary
             resolution = data.schedule_of(self.plan.data)
             sizes = dict(resolution.changes(self.start_epoch, run.epochs)) if resolution is not None else {}
             for epoch in range(self.start_epoch, run.epochs):
                 if epoch in sizes:
                     log("=> training resolution {} from epoch {}".format(sizes[epoch], epoch))
-                tr = self.train_one_epoch(self.train_loader, epoch, self.steps)
+                carry, self.carry = (self.carry if epoch == self.start_epoch else None), None
+                tr = loops.train_one_epoch(self.train_step, self.train_loader, epoch, self.steps, self._check,
+                                           self.profiler, self._batch_print, carry)
+                if loops.position is not None:  # a stop signal in the middle of the epoch
+                    return self._stopped(loops, totals, best_acc1)
                 totals.add(tr)
                 done = epoch + 1
                 val = None
-                if run.validate and (done % run.eval_freq == 0 or done == run.epochs or self.stop_requested):
-                    val = last_val = self.validate(self.val_loader, self.model_for_eval)
+                if run.validate and (done % run.eval_freq == 0 or done == run.epochs or loops.stop_requested):
+                    val = last_val = loops.validate(self.model_for_eval, self.val_loader, self.eval_criterion)
                 is_best = val is not None and (best_acc1 is None or val.acc1 > best_acc1)
                 if is_best:
-                    best_acc1 = val.acc1
+                    best_acc1 = self.best_acc1 = val.acc1
                 overflow = self._check_health(epoch)
                 ema_val = None
                 if val is not None and self.ema is not None:
-                    ema_val = self.last_ema_val = self.validate(self.val_loader, self.ema.module, ema=True)
+                    ema_val = self.last_ema_val = loops.validate(self.ema.module, self.val_loader, self.eval_criterion,
+                                                                 ema=True)
                 if val is not None:
                     self.recorder.validation(done * self.steps, dict(val.as_dict(), epoch_seconds=tr.seconds))
                 if ema_val is not None:
@@ -223,22 +273,54 @@ class Trainer(Loops):
                 if summary is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
                     self.saver.save(done, best_acc1, is_best)
                     self._summarize(totals, last_val, epochs_completed=done, train_acc1=tr.acc1, final_loss=tr.loss,
-                                    last_loss=tr.last_loss, first_steps_seconds=list(self.first_steps or ()),
+                                    last_loss=tr.last_loss, first_steps_seconds=list(loops.first_steps or ()),
                                     best_acc1=best_acc1)
                     summary.write()
                     self.recorder.epoch_record(self._epoch_record(epoch, tr, (val, ema_val), overflow))
                 dist.barrier()
-                if self.stop_requested:
+                if loops.stopped_by and done < run.epochs:  # a stop at the epoch's last step: the epoch's checkpoint
+                    return self._stopped(loops, totals, best_acc1, done)
+                if loops.stop_requested and not loops.stopped_by:
                     log("=> stopping after the profiled steps (--profile-stop)")
                     break
             if self.profiler is not None:
                 self.profiler.close()  # a run that ended before END still leaves its trace
         finally:
+            if self.stop is not None:
+                self.stop.armed = False
             self.recorder.close()
         if summary is not None:
             summary.write("ok")
             log("=> summary: {}".format(os.path.abspath(summary.path)), all_ranks=True)  # a node's own folder's too
         return 0
+
+    def _stopped(self, loops, totals, best_acc1, done=None):
+        """A stop signal agreed by every rank: the mid-epoch checkpoint (where the epoch did not end), the summary
+        (status ``interrupted``, the signal and the step), a requeue under Slurm. ``done``: the epochs completed,
+        where the stop came at an epoch's last step (its checkpoint is the epoch's). Returns 128 + the signal."""
+        from trainer.job import stop as stops
+        where, signame = loops.position, stops.name(loops.stopped_by)
+        epoch, step = (done, 0) if where is None else (where["epoch"], where["step"])
+        global_step = epoch * self.steps + step
+        if self.summary is not None:
+            self.log("=> {}: stopped at epoch {} step {} of {} (global step {}); checkpoint '{}'".format(
+                signame, epoch, step, self.steps, global_step, self.saver.last))
+            if where is not None:
+                self.saver.save_mid(dict(where, signal=signame), best_acc1)
+            self._summarize(totals, best_acc1=best_acc1)
+            self.summary.update(stopped=dict(signal=signame, epoch=epoch, step=step, global_step=global_step),
+                                **self.saver.existing())
+            self.summary.write("interrupted", "stopped by {} at epoch {} step {} (global step {}); continue with "
+                                              "--resume auto".format(signame, epoch, step, global_step))
+        self.dist.barrier()  # every rank leaves once the checkpoint is whole
+        if self.dist.is_main:
+            line = stops.requeue()
+            if line:
+                self.log("=> " + line)
+            if self.plan.launch.mode != "spawn":  # spawn's parent says it for all ranks
+                sys.stderr.write(cli.interrupted_line(self.plan, signame, global_step) + "\n")
+                sys.stderr.flush()
+        return stops.exit_code(loops.stopped_by)
 
     def _check_health(self, epoch):
         """After an epoch, on every rank alike: images the device backend decoded on the CPU and steps skipped for
@@ -333,7 +415,7 @@ class Trainer(Loops):
             log("warning: --evaluate without --resume or --pretrained evaluates randomly initialised weights")
         if summary is not None:
             summary.started = True
-        val = self.validate(self.val_loader, self.model)
+        val = self._loops().validate(self.model, self.val_loader, self.eval_criterion)
         if summary is not None:
             self._summarize(None, val, best_acc1=val.acc1,
                             checkpoint=plan.resume.path if plan.resume is not None else None)
@@ -387,7 +469,7 @@ def _recorder(trainer):
     if note:
         trainer.log("note: " + note)
     return observe.Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", trainer.start_epoch, trainer.steps,
-                            trainer.plan.as_dict(), trainer.log)
+                            trainer.plan.as_dict(), trainer.log, (trainer.carry or {}).get("step", 0))
 
 
 def model_num_classes(model):

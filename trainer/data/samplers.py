@@ -26,6 +26,7 @@ class EpochSampler(torch.utils.data.Sampler):
         self.n, self.seed, self.rank, self.world_size = n, seed, rank, world_size
         self.epoch = 0
         self.sizes = sizes
+        self.skip = 0  # items of this rank's order left out once: a mid-epoch checkpoint's, for the next epoch drawn
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -44,7 +45,8 @@ class EpochSampler(torch.utils.data.Sampler):
         order = torch.randperm(self.n, generator=g).tolist()
         total = len(self) * self.world_size
         size = self.size
-        for index in order[self.rank:total:self.world_size]:
+        skip, self.skip = self.skip, 0
+        for index in order[self.rank:total:self.world_size][skip:]:
             if size is None:
                 yield index, sample_seed(self.seed, self.epoch, index)
             else:

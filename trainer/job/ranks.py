@@ -13,21 +13,23 @@ import traceback
 from trainer.guard import EXIT_DIVERGED
 from trainer.job.launch import check_port_free, free_port
 from trainer.job.lifeline import die_with_parent
+from trainer.job.stop import SIGNALS
 
 
 STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
+SIGNAL_GRACE = 120.0  # a stop signal passed on: the ranks' agreed step, and their mid-epoch checkpoint's write
 # exit codes of a rank that stopped on its own and said why (a user error, a divergence, Ctrl-C): every
 # rank meets the same condition, so the others are given STOP_GRACE to stop as well before being stopped
 ORDERLY = (2, EXIT_DIVERGED, 130)
 
 
 class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the process that supervises the ranks."""
+    """SIGINT, SIGTERM or SIGUSR1 reached the process that supervises the ranks."""
 
     def __init__(self, signum):
         Exception.__init__(self, signum)
         self.signum = signum
-        self.exit_code = 130 if signum == signal.SIGINT else 143
+        self.exit_code = 128 + int(signum)  # 130 for SIGINT, 143 for SIGTERM
 
 
 def _on_signal(signum, frame):
@@ -42,13 +44,13 @@ class Ranks:
     """The rank processes of one job on this node, however started (``spawn``'s workers, or one process per
     device from the drivers): wait for them, name the rank to blame, stop the others. ``groups``: each rank
     leads its own process group, which is signalled as a whole (its data loader workers included).
-    Inside ``with ranks:`` SIGINT and SIGTERM raise Interrupted, so that the caller stops the ranks."""
+    Inside ``with ranks:`` SIGINT, SIGTERM and SIGUSR1 raise Interrupted, so that the caller stops the ranks."""
 
     def __init__(self, procs=(), groups=False):
         self.procs, self.groups, self._handlers = list(procs), groups, {}
 
     def __enter__(self):
-        self._handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._handlers = {s: signal.signal(s, _on_signal) for s in SIGNALS}
         return self
 
     def __exit__(self, *exc):
@@ -83,10 +85,11 @@ class Ranks:
         while self.running() and time.time() < deadline:
             time.sleep(poll)
 
-    def stop(self, sig=signal.SIGTERM, poll=0.2):
-        """``sig`` to every rank still running, SIGKILL after STOP_GRACE (and to what is left in their groups)."""
+    def stop(self, sig=signal.SIGTERM, poll=0.2, grace=None):
+        """``sig`` to every rank still running, SIGKILL after ``grace`` seconds (STOP_GRACE by default; and to what
+        is left in their groups)."""
         self.signal_all(sig)
-        self._settle(STOP_GRACE, poll)
+        self._settle(STOP_GRACE if grace is None else grace, poll)
         self.signal_all(signal.SIGKILL)
         for p in self.procs:
             (p.wait if hasattr(p, "wait") else p.join)()
@@ -141,9 +144,9 @@ def spawn(plan, worker):
                 ranks.procs.append(proc)
             r = ranks.supervise(named=lambda i: not _take_trace(traces[i]))  # exit 1 without a traceback
     except Interrupted as exc:
-        # Ctrl-C: the ranks are interrupted too (a terminal signals them already; kill -INT does not), so that
-        # each ends as an interrupted run, summary written; SIGTERM is passed on as it came
-        ranks.stop(sig=signal.SIGINT if exc.signum == signal.SIGINT else signal.SIGTERM)
+        # the signal is passed on as it came (a terminal's Ctrl-C signals the ranks already; kill -INT does not):
+        # the ranks stop at the step they agree on, each saves its part and writes its summary (trainer/job/stop.py)
+        ranks.stop(sig=exc.signum, grace=SIGNAL_GRACE)
         sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
                          "--resume auto\n".format(plan.run.output_dir))
         return exc.exit_code

@@ -106,18 +106,24 @@ class File:
     same process; a spawned rank receives it empty (its contents are not pickled) and loads it once itself."""
 
     def __init__(self, path, what="checkpoint"):
-        self.path, self.what, self._contents = path, what, None
+        self.path, self.what, self._contents, self._training = path, what, None, None
 
     def load(self):
         if self._contents is None:
             self._contents = read(self.path, self.what)
         return self._contents
 
+    def training(self, arch):
+        """The file as a training checkpoint to continue (a Resume), checked against ``arch`` once a process."""
+        if self._training is None:
+            self._training = read_training(self, arch)
+        return self._training
+
     def release(self):
-        self._contents = None
+        self._contents = self._training = None
 
     def __getstate__(self):
-        return {"path": self.path, "what": self.what, "_contents": None}
+        return {"path": self.path, "what": self.what, "_contents": None, "_training": None}
 
     def __repr__(self):
         return "File({!r})".format(self.path)
@@ -386,6 +392,18 @@ class CheckpointSaver:
             copy(self.last, self.best)
         if self.freq and epoch % self.freq == 0:  # --checkpoint-freq N: a file of its own every N epochs
             copy(self.last, os.path.join(self.out_dir, epoch_name(self.prefix, epoch)))
+
+    def save_mid(self, position, best_acc1):
+        """A mid-epoch checkpoint in the last epoch's file (``--resume auto`` continues from it): the epoch's
+        checkpoint of the epochs completed before, with ``mid_epoch`` (``position``: the loop's step, meters and
+        counters, the signal that stopped it). The RNG states are this moment's (a step boundary)."""
+        from trainer.guard import Diverged, all_finite
+        state = self.state(position["epoch"], best_acc1)
+        if not all_finite(state["state_dict"].values()):
+            raise Diverged("non-finite weights", {"epoch": position["epoch"], "step": position["step"], "lr": None,
+                                                  "loss_scale": None})
+        state["mid_epoch"] = position
+        save(state, self.last)
 
     def existing(self):
         """{'checkpoint': path, 'best_checkpoint': path} for the files present."""

@@ -94,20 +94,20 @@ class StepClock:
     marks the end of the FPS warm-up (``warmup`` steps, after a device synchronisation); ``span`` gives the
     interval since the previous print point; ``finish`` the epoch's timings."""
 
-    def __init__(self, device, steps, warmup=0, first=0):
+    def __init__(self, device, steps, warmup=0, first=0, start=0):
         self.device = device
-        self.warm = warmup if steps > warmup else 0
+        self.warm = start + warmup if steps > start + warmup else start  # ``start``: a resumed epoch's first step
         device.synchronize()
         self.t_epoch = self.t_mark = self.t_step = time.time()
-        self.t_fps = self.t_epoch if self.warm == 0 else None
+        self.t_fps = self.t_epoch if self.warm == start else None
         self.waited = self.wait_mark = 0.0
-        self.last = 0
+        self.last = start
         self.first = first  # time the first steps one by one (a synchronisation after each): ``first_seconds``
         self.first_seconds = []
 
-    def batches(self, loader, steps):
+    def batches(self, loader, steps, start=0):
         it = iter(loader)
-        for i in range(steps):
+        for i in range(start, steps):
             t0 = time.time()
             batch = next(it)
             self.t_step = time.time()
@@ -154,6 +154,7 @@ class TrainStats:
     images: int
     step_losses: tuple = ()  # (global step, the training loss of the printed interval ending there), per print
     step_lrs: tuple = ()  # (global step, the LR of that step), per print
+    start: int = 0  # the step a mid-epoch checkpoint continued at (the steps before it were trained by another run)
 
     @property
     def last_loss(self):
@@ -177,7 +178,7 @@ class RunTotals:
             self.steps += tr.timed_steps
         self.wait += tr.data_wait_seconds
         self.wall += tr.seconds
-        self.trained_steps += tr.steps
+        self.trained_steps += tr.steps - tr.start
 
     def fields(self):
         """summary.json's fields of these totals."""
@@ -255,6 +256,28 @@ class Sums:
     def add(self, loss_sum, c1, c5, n):
         self.total += torch.stack([loss_sum.detach().float().reshape(()), c1.float(), c5.float(),
                                    n.float() if torch.is_tensor(n) else torch.full((), float(n), device=c1.device)])
+
+    def seen(self):
+        """The totals at the last read (where the next interval starts)."""
+        return list(self._seen)
+
+    def state(self, seen=None, rank=0, world=1, reduce_fn=None):
+        """What a mid-epoch checkpoint keeps: every process's totals, one row per rank (``reduce_fn`` sums the rows
+        each process filled with its own: every process calls this; a sync), and the interval's start (``seen``:
+        another start, the one before a read that the resumed loop does not repeat)."""
+        rows = torch.zeros((world, 4), dtype=torch.float32, device=self.total.device)
+        rows[rank] = self.total
+        rows = rows if reduce_fn is None else reduce_fn(rows)
+        return {"totals": [[float(v) for v in row] for row in rows.tolist()],
+                "seen": list(self._seen if seen is None else seen)}
+
+    def restore(self, state, rank=0, world=1):
+        """``state`` back: this rank's own totals (so that the sums add as they would have); where the world
+        changed since, rank 0 holds them all."""
+        rows = state["totals"]
+        mine = rows[rank] if len(rows) == world else [sum(c) for c in zip(*rows)] if rank == 0 else [0.0] * 4
+        self.total = self.device.move(torch.tensor(mine, dtype=torch.float32))
+        self._seen = [float(v) for v in state["seen"]]
 
     def read(self, reduce_fn=None, extras=None):
         """Host values (reduced over processes by ``reduce_fn``): (interval, running) dicts. With ``extras``

@@ -76,9 +76,10 @@ def _isatty(stream):
 
 class Recorder(Silent):
     """Rank 0's recorder. ``tb_dir`` None: no TensorBoard. ``resume_epoch``: the epoch training starts at
-    (records and events from there on, left by an earlier attempt, are dropped)."""
+    (records and events from there on, left by an earlier attempt, are dropped); ``resume_step``: the step within
+    it that a mid-epoch checkpoint continues at."""
 
-    def __init__(self, out_dir, tb_dir, bar, resume_epoch, steps_per_epoch, config, log):
+    def __init__(self, out_dir, tb_dir, bar, resume_epoch, steps_per_epoch, config, log, resume_step=0):
         self.log = log
         self.metrics_path = os.path.join(out_dir, METRICS)
         _truncate_records(self.metrics_path, resume_epoch)
@@ -94,7 +95,8 @@ class Recorder(Silent):
             else:
                 # purge_step: events at or after the resumed position were written by a run that did not
                 # reach its next checkpoint, and are discarded, so the curve stays one line
-                self.tb = SummaryWriter(tb_dir, purge_step=resume_epoch * steps_per_epoch + 1 if resume_epoch else None,
+                at = resume_epoch * steps_per_epoch + resume_step  # a mid-epoch checkpoint's step within its epoch
+                self.tb = SummaryWriter(tb_dir, purge_step=at + 1 if at else None,
                                         flush_secs=FLUSH_SECONDS)
                 if not resume_epoch:
                     self.tb.add_text("config", "```\n{}\n```".format(json.dumps(config, indent=1, default=str)), 0)

@@ -1,0 +1,207 @@
+"""A stopped run loses at most a step: real signals to real runs (trainer/job/stop.py). SIGTERM in the middle of
+an epoch saves a mid-epoch checkpoint, and --resume auto ends exactly as the uninterrupted run (every step's loss,
+Acc@1, the weights): one process, with and without data workers, and after a resolution change; a kill -9 under
+--save-every; 2 spawned ranks and a torchrun worker (make test-ranks); --amp on the NPU double (make test-npu). The
+summary names the signal and the step, the lock is released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+import torch
+
+import main as entry
+
+from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, read_checkpoint, read_lines, read_metrics, read_summary
+from conftest import DOUBLE, assert_call_error, run_main, trained
+from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
+from test_rendezvous import workers_of
+
+pytestmark = pytest.mark.timeout(300)
+
+TINY = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.1", "--epochs", "2", "--device", "cpu", "--seed", "5"] + \
+    SMALL[:-2] + ["-p", "1"]
+
+
+def stopped_at(data, out, args, sig, at, env=None):
+    """main.py on ``data`` into ``out``, sent ``sig`` once its log shows the step ``at`` ("1][ 5"); returns the
+    finished process's (code, stdout lines, stderr)."""
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(data), "--output-dir", str(out)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(**(env or {})),
+                            cwd=ROOT)
+    lines = read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [{}/".format(at)), timeout=240)
+    proc.send_signal(sig)
+    out_text, err = finish(proc, timeout=240)
+    return proc.returncode, lines + out_text.splitlines(), err
+
+
+def per_step(out):
+    """(global step, loss) of every step of a run, and its last epoch's Acc@1, from metrics.jsonl."""
+    records = read_metrics(out)
+    return [tuple(p) for r in records for p in r["step_losses"]], records[-1]["val_acc1"]
+
+
+def same_weights(a, b):
+    wa, wb = read_checkpoint(a)["state_dict"], read_checkpoint(b)["state_dict"]
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.fixture(scope="module")
+def whole(shapes, tmp_path_factory):
+    """The uninterrupted run (one process, no data workers): its folder."""
+    out = tmp_path_factory.mktemp("whole")
+    trained(shapes, out, TINY + ["-j", "0"])
+    return out
+
+
+def assert_resumes_exactly(data, out, args, stop, reference, steps=25, env=None):
+    """``--resume auto`` in ``out`` (stopped at ``stop``, summary.json's "stopped") continues at the next step and
+    ends as the ``reference`` run (two epochs of ``steps``): every step's loss, the last Acc@1, the weights."""
+    resumed = run_main([str(data), "--output-dir", str(out)] + args + ["--resume", "auto"], env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "=> continuing epoch {} at step {} of {}".format(stop["epoch"], stop["step"], steps) in resumed.stdout
+    first = [line for line in resumed.stdout.splitlines() if line.startswith("Epoch: ")][0]
+    assert re.match(r"Epoch: \[{}\]\[\s*{}/{}\]".format(stop["epoch"], stop["step"] + 1, steps), first), first
+    summary = read_summary(out)
+    assert summary["status"] == "ok" and summary["resumed"]["global_step"] == stop["global_step"]
+    assert summary["trained_steps"] == 2 * steps - stop["global_step"]  # no step trained twice
+    mine, theirs = per_step(out), per_step(reference)
+    assert len(theirs[0]) == 2 * steps and mine == theirs
+    assert same_weights(reference, out)
+    return summary
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_sigterm_mid_epoch_then_resume_auto_equals_the_uninterrupted_run(shapes, tmp_path, whole, workers):
+    """Also with 2 data workers against the run without: the crops are (seed, epoch, sample)'s."""
+    args = TINY + ["-j", workers]
+    code, lines, err = stopped_at(shapes, tmp_path, args, signal.SIGTERM, "1][ 5")
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    summary = read_summary(tmp_path)
+    stop = summary["stopped"]
+    assert summary["status"] == "interrupted" and stop["signal"] == "SIGTERM" and stop["epoch"] == 1, summary
+    assert 5 <= stop["step"] < 25 and "SIGTERM" in summary["error"], summary
+    assert err.strip().splitlines()[-1].startswith("interrupted by SIGTERM at global step {}".format(
+        stop["global_step"])), err
+    assert not os.path.exists(str(tmp_path / "run.lock"))
+    mid = read_checkpoint(tmp_path)["mid_epoch"]
+    assert (mid["epoch"], mid["step"], mid["signal"]) == (1, stop["step"], "SIGTERM")
+    summary = assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+    assert summary["steps_redone"] == 0
+
+
+def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, whole):
+    """--save-every 0.02 (1.2 s): a run killed outright continues from its last mid-epoch checkpoint, and ends as
+    the uninterrupted run."""
+    args = TINY + ["-j", "0", "--save-every", "0.02"]
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    saved = re.compile(r"=> --save-every: checkpoint at epoch (\d+) step (\d+) \(global step (\d+)\)")
+    lines = read_lines(proc, lambda lines: sum(1 for ln in lines if saved.match(ln) and ln.split()[5] == "1") >= 2
+                       and lines[-1].startswith("Epoch: [1]"), timeout=240)
+    proc.kill()
+    finish(proc)
+    last = [saved.match(ln) for ln in lines if saved.match(ln)][-1]
+    trained_last = [ln for ln in lines if ln.startswith("Epoch: [")][-1]
+    done = 25 + int(re.match(r"Epoch: \[1\]\[\s*(\d+)/", trained_last).group(1))
+    lost = done - int(last.group(3))  # the steps the kill took: those since the last save, within 1.2 s
+    assert 0 <= lost < 25, (lost, lines[-10:])
+    assert read_summary(tmp_path)["last_saved"]["global_step"] == int(last.group(3))
+    stop = dict(epoch=int(last.group(1)), step=int(last.group(2)), global_step=int(last.group(3)))
+    summary = assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+    assert summary["resumed"]["saved_for"] == "--save-every"
+
+
+def test_a_stop_after_a_resolution_change_resumes_at_its_size(shapes, tmp_path):
+    """32 px in epoch 0, 64 in epoch 1 (--min-res / --max-res): SIGTERM in epoch 1, and --resume auto continues at
+    64 px, ending as the uninterrupted run."""
+    at = TINY.index("--train-crop-size")
+    args = TINY[:at] + TINY[at + 2:] + ["-j", "0", "--min-res", "32", "--max-res", "64", "--start-ramp", "0",
+                                        "--end-ramp", "1"]
+    trained(shapes, tmp_path / "whole", args)
+    code, lines, err = stopped_at(shapes, tmp_path / "cut", args, signal.SIGTERM, "1][ 5")
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "=> training resolution 64 from epoch 1" in lines
+    stop = read_summary(tmp_path / "cut")["stopped"]
+    assert stop["epoch"] == 1 and 5 <= stop["step"] < 25, stop
+    assert_resumes_exactly(shapes, tmp_path / "cut", args, stop, tmp_path / "whole")
+    assert read_summary(tmp_path / "cut")["train_resolutions"] == [{"from_epoch": 0, "size": 32},
+                                                                    {"from_epoch": 1, "size": 64}]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_save_every_takes_minutes_above_zero(shapes, tmp_path, capsys, value):
+    assert_call_error(entry.main, [shapes, "--output-dir", str(tmp_path), "--save-every", value], capsys,
+                      "--save-every", value)
+    assert not os.listdir(str(tmp_path))
+
+
+# ---------------------------------------------------------------- several ranks (make test-ranks)
+
+SPAWN = ["--multiprocessing-distributed", "--device-list", "0,1", "--port", "0", "--dist-timeout", "120", "-j", "0"]
+
+
+@pytest.fixture(scope="module")
+def whole_two(shapes, tmp_path_factory):
+    """The uninterrupted job of 2 spawned ranks: its folder."""
+    out = tmp_path_factory.mktemp("whole_two")
+    trained(shapes, out, TINY + SPAWN)
+    return out
+
+
+@RANKS
+def test_two_spawned_ranks_stop_at_one_step_and_resume_exactly(shapes, tmp_path, whole_two):
+    """SIGTERM to spawn's supervisor: it passes the signal on, both ranks stop after the same step (agreed at a
+    print step), rank 0 writes the mid-epoch checkpoint, and --resume auto ends as the uninterrupted job."""
+    args = TINY + SPAWN
+    code, lines, err = stopped_at(shapes, tmp_path, args, signal.SIGTERM, "1][ 5")
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stop = read_summary(tmp_path)["stopped"]
+    assert stop["signal"] == "SIGTERM" and stop["epoch"] == 1 and 5 <= stop["step"] < 25, stop
+    assert read_checkpoint(tmp_path)["mid_epoch"]["step"] == stop["step"]
+    assert not os.path.exists(str(tmp_path / "run.lock"))
+    assert_resumes_exactly(shapes, tmp_path, args, stop, whole_two)
+
+
+@RANKS
+def test_a_torchrun_worker_stopped_by_sigterm_is_restarted_and_resumes_exactly(shapes, tmp_path, whole_two):
+    """SIGTERM to one worker of two under --max-restarts 1: the other learns it at the next print step, both save
+    and exit 143, the agent restarts the group, and --resume auto ends as the uninterrupted job."""
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+           os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path), "--resume", "auto",
+           "--dist-timeout", "120", "-j", "0"] + TINY
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=child_env())  # the threads of the uninterrupted job (its sums add alike)
+    try:
+        read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1][ 5/"), timeout=240)
+        os.kill(max(workers_of(tmp_path)), signal.SIGTERM)  # rank 1 (started after rank 0)
+        out, err = finish(proc, timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert re.search(r"=> SIGTERM: stopped at epoch 1 step (\d+) of 25", out), out[-3000:]
+    assert "=> continuing epoch 1 at step" in out
+    mine, theirs = per_step(tmp_path), per_step(whole_two)
+    assert mine == theirs and same_weights(whole_two, tmp_path)
+
+
+# ---------------------------------------------------------------- the NPU double (make test-npu)
+
+
+@DOUBLE
+@pytest.mark.usefixtures("double")
+def test_on_the_npu_double_with_amp_a_sigterm_then_resume_auto_equals_the_uninterrupted_run(shapes, tmp_path):
+    """--device npu --amp on the torch_npu double (its GradScaler's state in the checkpoint): SIGTERM in epoch 1,
+    then --resume auto, ends as the uninterrupted run."""
+    args = [a if a != "cpu" else "npu" for a in TINY] + ["-j", "0", "--amp", "--max-steps-per-epoch", "10"]
+    env = fake_env()
+    whole = run_main([str(shapes), "--output-dir", str(tmp_path / "whole")] + args, env=env)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    code, lines, err = stopped_at(shapes, tmp_path / "cut", args, signal.SIGTERM, "1][ 3", env=env)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stop = read_summary(tmp_path / "cut")["stopped"]
+    assert stop["signal"] == "SIGTERM" and stop["epoch"] == 1 and 3 <= stop["step"] < 10, stop
+    assert "scaler" in read_checkpoint(tmp_path / "cut")
+    assert_resumes_exactly(shapes, tmp_path / "cut", args, stop, tmp_path / "whole", steps=10, env=env)
