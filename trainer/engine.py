@@ -171,7 +171,7 @@ class Loops:
                     self.stop_requested = True
             clock.stepped(i)
             if i < clock.first:
-                for line in self.zoo.first_step(clock.first_seconds[i]):
+                for line in self.zoo.first_step(clock.first_seconds[-1]):  # this step's
                     self.log(line)
             regular = i % run.print_freq == 0 or i == steps - 1
             signalled, due = self._asked() if not several else (0, False)  # one process: this step's boundary

@@ -102,7 +102,8 @@ class StepClock:
         self.t_fps = self.t_epoch if self.warm == start else None
         self.waited = self.wait_mark = 0.0
         self.last = start
-        self.first = first  # time the first steps one by one (a synchronisation after each): ``first_seconds``
+        # time this process's first steps one by one (a synchronisation after each): ``first_seconds``
+        self.first = start + first
         self.first_seconds = []
 
     def batches(self, loader, steps, start=0):
