@@ -6,10 +6,10 @@
 Runs ``main.main(ARGS)`` in this process under a profiler hook and records the functions of main.py, trainer/
 and models/ at their first call (a reader reads a function once, where the run first calls it; comprehensions,
 lambdas and module bodies are not functions a reader opens). By default only the functions the run's
-configuration flows through: those called with the command line (``argv``), with an object of trainer/config.py
-or trainer/plan.py (the ``Config``, a section, the ``Plan``), or with an object that holds one as its own
-attribute (a trainer, a job); ``--all`` records every function. The files of those functions, in that order, with
-repeats in a row merged, are the path a reader walks. Two counts of going back:
+configuration flows through: those called with the command line (``argv``), with an object of trainer/flags.py,
+trainer/config.py or trainer/plan.py (a section, the ``Config``, the ``Plan``), or with an object that holds one
+as its own attribute (a trainer, a job); ``--all`` records every function. The files of those functions, in that
+order, with repeats in a row merged, are the path a reader walks. Two counts of going back:
 
   re-entries        a call from another file into a file the reader had met before (the caller is the nearest
                     project function on the stack: a file's calls to its own functions are reading that file)
@@ -49,7 +49,7 @@ def _project_file(path):
     return None
 
 
-CONFIG_MODULES = ("trainer.config", "trainer.plan")
+CONFIG_MODULES = ("trainer.flags", "trainer.config", "trainer.plan")  # the sections, the Config, the Plan
 
 
 def _is_config(value):

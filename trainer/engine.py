@@ -16,6 +16,7 @@ on the host and reported beside it. The divergence guard (trainer/guard.py) is r
 same points as the meters.
 """
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Optional
 
@@ -125,9 +126,9 @@ class Loops:
         p = self.precision
         return self.device.autocast(p.dtype if p is not None and p.impl == "native" else None)
 
-    def train_one_epoch(self, step, loader, epoch, steps, check, profiler=None, batch_print=None, carry=None):
+    def train_one_epoch(self, step, loader, epoch, steps, profiler=None, batch_print=None, carry=None):
         """One epoch of ``steps`` steps of ``step`` (a TrainStep) over ``loader``; returns its metrics.TrainStats.
-        ``check(guard, epoch, counters)``: the divergence guard's check; ``profiler``: --profile-steps' or None;
+        ``profiler``: --profile-steps' or None;
         ``batch_print``: --deterministic's fingerprint of the first batches (a callback ``(images, target)``);
         ``carry``: a mid-epoch checkpoint's ``position`` of this epoch (the loop continues at its step, its meters
         and the guard's counters as they were)."""
@@ -142,6 +143,7 @@ class Loops:
                 sampler.skip = start * self.batch
         batch = None
         sums, guard = metrics.Sums(dev), Guard(dev)
+        lr_at = functools.partial(step.schedule, epoch)  # the divergence guard's LR of a step of this epoch
         self.position = None
         if carry:
             sums.restore(carry["sums"], dist.rank, dist.world_size)
@@ -198,7 +200,7 @@ class Loops:
                     epoch_loss=running["loss"], epoch_acc1=running["acc1"],
                     lr=optimizer.param_groups[0]["lr"], data_wait=span.waited / span.seconds,
                     **{"img/s": span.steps * batch * dist.world_size / span.seconds}))
-                check(guard, epoch, counters)
+                guard.check(dist, epoch, lr_at, step.step.loss_scale, counters)  # the counters read with the meters
                 if agreed:
                     self.stop_requested, self.stopped_by = True, agreed
                     if i + 1 < steps:  # mid-epoch: what the checkpoint keeps of the loop
@@ -215,7 +217,7 @@ class Loops:
         timed_steps = steps - clock.warm
         elapsed = dist.max(timed, dev)
         _, running, counters = sums.read(dist.all_reduce_sum, {"guard": guard.reduced(dist)})
-        check(guard, epoch, counters["guard"])
+        guard.check(dist, epoch, lr_at, step.step.loss_scale, counters["guard"])
         global_batch = (batch or 0) * dist.world_size
         if self.first_steps is None:
             self.first_steps = tuple(clock.first_seconds)

@@ -215,10 +215,6 @@ class Trainer:
         self.summary.update(last_saved=saved)
         self.summary.write()
 
-    def _check(self, guard, epoch, counters):
-        """The divergence guard's check at a print step or an epoch's end (its counters read with the meters)."""
-        guard.check(self.dist, epoch, lambda i: self.schedule(epoch, i), self.step.loss_scale, counters)
-
     def _batch_print(self, images, target):
         """--deterministic: the fingerprint of the first batches so far, in the summary."""
         if self.batch_print is not None and self.batch_print.add(images, target) and self.summary is not None:
@@ -249,7 +245,7 @@ class Trainer:
                 if epoch in sizes:
                     log("=> training resolution {} from epoch {}".format(sizes[epoch], epoch))
                 carry, self.carry = (self.carry if epoch == self.start_epoch else None), None
-                tr = loops.train_one_epoch(self.train_step, self.train_loader, epoch, self.steps, self._check,
+                tr = loops.train_one_epoch(self.train_step, self.train_loader, epoch, self.steps,
                                            self.profiler, self._batch_print, carry)
                 if loops.position is not None:  # a stop signal in the middle of the epoch
                     return self._stopped(loops, totals, best_acc1)
