@@ -19,7 +19,7 @@ GRAPH_TESTS  := -m graph
 # runs that train on the torch_npu double (marker "double", conftest.DOUBLE), its ranks' jobs included
 DOUBLE_TESTS := -m "double and not graph and not slurm"
 # what outside clients run on this project (marker "clients"): pytorch/examples' commands and checkpoints, msprobe,
-# a Python without the project's packages
+# a Python without the project's packages, the signals clusters stop a run with
 CLIENT_TESTS := -m "clients and not graph and not ranks and not slurm and not double"
 # the benchmark scripts' smoke runs (marker "bench")
 BENCH_TESTS  := -m "bench and not graph and not ranks and not slurm and not double"

@@ -18,7 +18,9 @@ from conftest import DOUBLE, assert_call_error, run_main, trained
 from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
 from test_rendezvous import workers_of
 
-pytestmark = pytest.mark.timeout(300)
+# the signals clusters stop runs with: an outside client's (make test-clients; the ranks' and the double's runs stay
+# in their lanes)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.clients]
 
 TINY = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.1", "--epochs", "2", "--device", "cpu", "--seed", "5"] + \
     SMALL[:-2] + ["-p", "1"]
