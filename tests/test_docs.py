@@ -31,7 +31,8 @@ OTHER_FLAGS = {"--no-deps", "--index-url", "--extra-index-url", "--upgrade", "--
                "--enable_tiered_parallel_tcpstore",  # torch_npu_run's
                "--ntasks-per-node", "--ntasks", "--nodes", "--gres", "--cpus-per-task", "--job-name",  # Slurm
                "--mpi", "--export", "--output", "--time", "--partition", "--exclusive", "--signal", "--requeue",
-               "--wrap", "--grace-period",  # kubectl's
+               "--open-mode", "--wrap",  # sbatch's
+               "--grace-period",  # kubectl's
                "--propagation", "--mount", "--pid", "--fork", "--net",  # unshare
                "--framework", "--input_format", "--input_shape", "--soc_version",  # CANN's atc
                "--host_log_folder",  # CANN's get_ascend_op_info.py

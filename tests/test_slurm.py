@@ -2,6 +2,7 @@
 the lane exports its SLURM_CONF). Without that Slurm taking jobs these tests fail, they do not skip: the lane must
 not pass without one, nor run on a cluster's Slurm (/etc/slurm/slurm.conf)."""
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -9,7 +10,8 @@ import time
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, read_summary, run_main
+from conftest import PY, ROOT, SMALL, dataset, finish, read_summary, run_main
+from test_stop import per_step, same_weights
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
 
@@ -73,40 +75,65 @@ def test_the_sbatch_example_runs(slurm, data70, single, tmp_path):
     assert_same_as_single(out, single)
 
 
-def test_a_requeueable_job_warned_with_usr1_is_requeued_and_ends_as_the_uninterrupted_run(slurm, shapes, tmp_path):
-    """sbatch --requeue of one process that the batch shell execs; Slurm's warning signal delivered with
-    ``scancel --signal=USR1 --batch`` (what --signal=B:USR1@N sends at its time: the local Slurm's minutes and its
-    once-a-minute check of the time limit would make the lane wait minutes). The run saves a mid-epoch checkpoint,
-    requeues its job (scontrol requeue) and exits 138; the job starts again, --resume auto continues at the next
-    step, and it ends with the uninterrupted run's weights."""
-    args = ["-a", "tiny_cnn", "--epochs", "1", "-b", "16", "--lr", "0.1", "--seed", "11", "--device", "cpu"] + \
-        SMALL[:-2] + ["-p", "1"]
-    whole = run_main([shapes, "--output-dir", str(tmp_path / "whole")] + args, env={"OMP_NUM_THREADS": "1"})
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    out, log = tmp_path / "run", tmp_path / "job.out"
-    cmd = "exec {} {} {} --output-dir {} --resume auto {}".format(PY, os.path.join(ROOT, "main.py"), shapes, out,
-                                                                  " ".join(args))
-    sub = subprocess.run(["sbatch", "--parsable", "--requeue", "--open-mode=append", "--output", str(log),
-                          "--wrap", cmd], env=slurm, cwd=ROOT, capture_output=True, text=True, timeout=60)
+@pytest.fixture(scope="module")
+def long_data(tmp_path_factory):
+    """6400 training images: one epoch of 400 steps at -b 16 (LONG), each a fifth of a second on one thread here."""
+    return dataset(tmp_path_factory, "long", 10, 640, 2, seed=3)
+
+
+# One epoch at 224-pixel crops of 32-pixel images: about 80 s here on one thread (OMP_NUM_THREADS=1, the slurm
+# fixture's), well past the job's one-minute time limit
+LONG = ["-a", "tiny_cnn", "--epochs", "1", "-b", "16", "--lr", "0.1", "--seed", "11", "--device", "cpu",
+        "--train-crop-size", "224", "--val-resize-size", "32", "--val-crop-size", "32", "-j", "0", "-p", "1"]
+
+
+@pytest.mark.timeout(480)
+def test_a_job_that_outlasts_its_time_limit_is_warned_requeued_and_ends_as_the_uninterrupted_run(
+        slurm, long_data, tmp_path):
+    """docs/DISTRIBUTED.md's one-process command: ``sbatch --signal=B:USR1@N --requeue --wrap "exec python3 main.py
+    ... --resume auto"``, with a one-minute --time that the run outlasts. Slurm itself sends the warning (its time
+    limit check, every 30 s, sends it once at most N + 30 s remain: N = 10 gives the run 20 s or more to start); the
+    run stops after its step, saves, requeues its job and exits; Slurm starts the job again (tools/slurm_local.sh's
+    cred_expire and sched_interval: seconds later), and --resume auto goes on at the next step, as many times as
+    the limit cuts the run. The job ends ``ok`` with the per-step losses, Acc@1 and weights of the run that trained
+    without Slurm (the same thread, concurrently)."""
+    out, log, whole = tmp_path / "run", tmp_path / "job.out", tmp_path / "whole"
+    cmd = "exec python3 main.py {} --output-dir {} --resume auto {}".format(long_data, out, " ".join(LONG))
+    sub = subprocess.run(["sbatch", "--parsable", "--time=1", "--signal=B:USR1@10", "--requeue", "--open-mode=append",
+                          "--output", str(log), "--wrap", cmd], env=slurm, cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
+    with open(str(tmp_path / "whole.out"), "w") as whole_out:
+        reference = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), long_data, "--output-dir", str(whole)] + LONG,
+                                     env=slurm, cwd=ROOT, stdout=whole_out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 300
-        while "Epoch: [0][ 3/" not in (log.read_text() if log.exists() else ""):
-            assert time.time() < deadline, log.read_text()[-3000:] if log.exists() else "no job output"
-            time.sleep(0.2)
-        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm, check=True, timeout=30)
+        deadline = time.time() + 400
         while subprocess.run(["squeue", "-h", "-j", job], env=slurm, capture_output=True, text=True,
                              timeout=30).stdout.strip():
-            assert time.time() < deadline, log.read_text()[-3000:]
+            assert time.time() < deadline, log.read_text()[-3000:] if log.exists() else "no job output"
             time.sleep(1)
+        finish(reference, timeout=max(30, deadline - time.time()))
     finally:
         subprocess.run(["scancel", job], env=slurm, timeout=30)
+        if reference.poll() is None:
+            reference.kill()
+    assert reference.returncode == 0, (tmp_path / "whole.out").read_text()[-3000:]
     text = log.read_text()
-    assert "=> SIGUSR1: stopped at epoch 0 step" in text and "=> Slurm job {} requeued".format(job) in text, text
-    assert "=> continuing epoch 0 at step" in text, text[-3000:]
+    shown = subprocess.run(["scontrol", "show", "job", job], env=slurm, capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    stops = re.findall(r"^=> (SIG\w+): stopped at epoch (\d+) step (\d+) of 400 ", text, re.M)
+    goes_on = re.findall(r"^=> continuing epoch (\d+) at step (\d+) of 400 \(a mid-epoch checkpoint, saved for "
+                         r"(SIG\w+)\)$", text, re.M)
+    assert stops and {s[0] for s in stops} == {"SIGUSR1"}, text[-3000:]  # Slurm's warning, never its time limit
+    assert text.count("=> Slurm job {} requeued".format(job)) == len(stops), text[-3000:]
+    assert "Restarts={}".format(len(stops)) in shown and "JobState=COMPLETED" in shown, shown
+    assert goes_on == [(e, s, sig) for sig, e, s in stops], (stops, goes_on)  # each goes on at its step: none redone
+    assert [int(s[2]) for s in stops] == sorted({int(s[2]) for s in stops}), stops
+    assert "Traceback" not in text, text[text.index("Traceback"):][:3000]
     s = read_summary(out)
-    assert s["status"] == "ok" and s["resumed"]["saved_for"] == "SIGUSR1" and s["steps_redone"] == 0
-    a = torch.load(os.path.join(str(tmp_path / "whole"), "checkpoint.pth.tar"), weights_only=True)["state_dict"]
-    b = torch.load(os.path.join(str(out), "checkpoint.pth.tar"), weights_only=True)["state_dict"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert s["status"] == "ok" and s["epochs_completed"] == 1 and s["steps_redone"] == 0
+    assert s["resumed"] == dict(epoch=0, step=int(stops[-1][2]), global_step=int(stops[-1][2]), saved_for="SIGUSR1")
+    mine, theirs = per_step(out), per_step(whole)
+    assert len(theirs[0]) == 400 and mine == theirs
+    assert same_weights(whole, out)

@@ -113,7 +113,11 @@ SlurmdPort=${PORTS#* }
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$SOCKET
+# cred_expire (120 s by default) is also how long a requeued job waits before it may start again, and the main
+# scheduler looks at pending jobs every sched_interval (60 s by default): with 10 s and 2 s a job that requeues itself
+# after Slurm's warning signal (sbatch --signal --requeue, tests/test_slurm.py) starts again seconds later
+AuthInfo=socket=$SOCKET,cred_expire=10
+SchedulerParameters=sched_interval=2
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

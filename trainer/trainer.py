@@ -309,6 +309,8 @@ class Trainer:
             self.summary.write("interrupted", "stopped by {} at epoch {} step {} (global step {}); continue with "
                                               "--resume auto".format(signame, epoch, step, global_step))
         self.dist.barrier()  # every rank leaves once the checkpoint is whole
+        if self.stop is not None:
+            self.stop.ignore()  # nothing is left to stop: the requeue's SIGTERM must not cut the exit short
         if self.dist.is_main:
             line = stops.requeue()
             if line:

@@ -56,6 +56,13 @@ class StopRequest:
             self._previous = {}
         return self
 
+    def ignore(self):
+        """The run has stopped and its checkpoint is whole: later signals are ignored until ``restore``, so that
+        none cuts its exit short (Slurm ends the processes of a job it requeues with SIGTERM, while rank 0 still
+        waits for ``scontrol requeue`` or logs it)."""
+        for s in self._previous:
+            signal.signal(s, signal.SIG_IGN)
+
     def restore(self):
         for s, handler in self._previous.items():
             signal.signal(s, handler)
