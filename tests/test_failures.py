@@ -76,7 +76,8 @@ def user_script(tmp_path):
 def start(args, env=None, script=None, dashboard=None):
     cmd = [PY, script, dashboard] if script else [PY, os.path.join(ROOT, "main.py")]
     return subprocess.Popen(cmd + [str(a) for a in args], env=dict(child_env(), OMP_NUM_THREADS="1", **(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a terminal has it
 
 
 def stepping(proc, epoch=0, step=1):
