@@ -32,6 +32,9 @@ def die_with_parent(sig, parent_pid):
 
 def _worker_init(parent_pid, worker_id):
     die_with_parent(signal.SIGKILL, parent_pid)  # a worker holds nothing to save
+    # a terminal's Ctrl-C reaches the whole foreground group: it is the rank's to act on (trainer/job/stop.py), and
+    # the rank trains on to a step boundary that its workers must still serve
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def worker_init():
