@@ -93,6 +93,22 @@ def test_sigterm_mid_epoch_then_resume_auto_equals_the_uninterrupted_run(shapes,
     assert summary["steps_redone"] == 0
 
 
+def test_sigusr1_to_the_whole_process_group_stops_at_a_step_and_resumes_exactly(shapes, tmp_path, whole):
+    """Slurm's warning without B: (sbatch --signal=USR1@N) reaches every process of the step, the data workers
+    too: they leave it to their rank, which stops at its step boundary and saves."""
+    args = TINY + ["-j", "2"]
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT,
+                            start_new_session=True)
+    read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1][ 5/"), timeout=240)
+    os.killpg(proc.pid, signal.SIGUSR1)
+    _, err = finish(proc, timeout=240)
+    assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
+    stop = read_summary(tmp_path)["stopped"]
+    assert stop["signal"] == "SIGUSR1" and stop["epoch"] == 1, stop
+    assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+
+
 def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, whole):
     """--save-every 0.002 (0.12 s, a few steps here): a run killed outright once it has saved in its second epoch
     continues from its last mid-epoch checkpoint, and ends as the uninterrupted run."""
