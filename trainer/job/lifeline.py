@@ -32,12 +32,6 @@ def die_with_parent(sig, parent_pid):
 
 def _worker_init(parent_pid, worker_id):
     die_with_parent(signal.SIGKILL, parent_pid)  # a worker holds nothing to save
-    # a terminal's Ctrl-C reaches the whole foreground group, and Slurm's warning signal (sbatch --signal=USR1@N)
-    # every process of the step: both are the rank's to act on (trainer/job/stop.py), and the rank trains on to a
-    # step boundary that its workers must still serve. (SIGTERM stays: it is how a loader ends a worker.)
-    for sig in (signal.SIGINT, getattr(signal, "SIGUSR1", None)):
-        if sig is not None:
-            signal.signal(sig, signal.SIG_IGN)
 
 
 def worker_init():
