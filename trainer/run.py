@@ -67,7 +67,7 @@ def _worker(plan, section, stop, amp_timer):
             settings["deterministic"] = device.deterministic()
         host_memory = Device.of(plan.kind).keep_host_memory()
         dist = distributed.init(section, device)
-        stop.install()
+        stop.install(several=dist.world_size > 1 and not plan.run.evaluate)  # trainer/job/stop.py
     except RendezvousError as exc:
         summary.failed_start(plan, exc)
         return report(exc)

@@ -239,6 +239,12 @@ class Trainer:
                                    steps_redone=0 if self.carry.get("signal") else None)
             if self.stop is not None:
                 self.stop.armed = True  # from here a signal stops the run at a step boundary
+                if self.stop.several:  # a signal while the ranks built the run: they stop together, before training
+                    asked = int(dist.max(self.stop.signum or 0, self.device))
+                    if asked:
+                        loops.stop_requested, loops.stopped_by = True, asked
+                        return self._stopped(loops, totals, best_acc1, self.start_epoch,
+                                             self.carry["step"] if self.carry else 0)
             resolution = data.schedule_of(self.plan.data)
             sizes = dict(resolution.changes(self.start_epoch, run.epochs)) if resolution is not None else {}
             for epoch in range(self.start_epoch, run.epochs):
@@ -290,17 +296,19 @@ class Trainer:
             log("=> summary: {}".format(os.path.abspath(summary.path)), all_ranks=True)  # a node's own folder's too
         return 0
 
-    def _stopped(self, loops, totals, best_acc1, done=None):
+    def _stopped(self, loops, totals, best_acc1, done=None, step=0):
         """A stop signal agreed by every rank: the mid-epoch checkpoint (where the epoch did not end), the summary
         (status ``interrupted``, the signal and the step), a requeue under Slurm. ``done``: the epochs completed,
-        where the stop came at an epoch's last step (its checkpoint is the epoch's). Returns 128 + the signal."""
+        where the stop came at an epoch's last step (its checkpoint is the epoch's), or before training started
+        (``step``: a resumed epoch's). Returns 128 + the signal."""
         from trainer.job import stop as stops
         where, signame = loops.position, stops.name(loops.stopped_by)
-        epoch, step = (done, 0) if where is None else (where["epoch"], where["step"])
+        epoch, step = (done, step) if where is None else (where["epoch"], where["step"])
         global_step = epoch * self.steps + step
         if self.summary is not None:
-            self.log("=> {}: stopped at epoch {} step {} of {} (global step {}); checkpoint '{}'".format(
-                signame, epoch, step, self.steps, global_step, self.saver.last))
+            self.log("=> {}: stopped at epoch {} step {} of {} (global step {}); {}".format(
+                signame, epoch, step, self.steps, global_step, "checkpoint '{}'".format(self.saver.last)
+                if where is not None or os.path.exists(self.saver.last) else "no checkpoint yet"))
             if where is not None:
                 self.saver.save_mid(dict(where, signal=signame), best_acc1)
             self._summarize(totals, best_acc1=best_acc1)

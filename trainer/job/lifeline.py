@@ -32,6 +32,12 @@ def die_with_parent(sig, parent_pid):
 
 def _worker_init(parent_pid, worker_id):
     die_with_parent(signal.SIGKILL, parent_pid)  # a worker holds nothing to save
+    # a stop request is its rank's to act on (trainer/job/stop.py): a worker that ended at a terminal's Ctrl-C or
+    # at Slurm's SIGUSR1 to every process of a step would fail the rank's loader before the rank has stopped.
+    # SIGTERM keeps its course: the loader ends its workers with it
+    for sig in (signal.SIGINT, getattr(signal, "SIGUSR1", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def worker_init():

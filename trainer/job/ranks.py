@@ -73,10 +73,12 @@ class Ranks:
         return (killed or own or [r for r, _ in bad] or [None])[0]
 
     def signal_all(self, sig):
+        """``sig`` to each rank; SIGKILL to each rank's whole group (``groups``): a stop signal is the rank's to act
+        on, and its data workers go on serving it until it stops (trainer/job/stop.py)."""
         for p in self.procs:
             if _exit_code(p) is None or (self.groups and sig == signal.SIGKILL):
                 try:
-                    (os.killpg if self.groups else os.kill)(p.pid, sig)
+                    (os.killpg if self.groups and sig == signal.SIGKILL else os.kill)(p.pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
 

@@ -2,8 +2,12 @@
 agent, ``timeout``, ``docker stop``) and SIGUSR1 (Slurm's warning, ``sbatch --signal=B:USR1@120``) ask the run to
 stop. In the training loop the request only sets a flag: the loop stops at a step boundary that every rank agrees
 on, the run saves a mid-epoch checkpoint, writes its summary (status ``interrupted``, the signal and the step),
-releases its lock, closes TensorBoard and exits with 128 + the signal's number. Outside the loop (building the run,
-validating, saving) the first signal raises ``Stopped`` at once, as Ctrl-C always did; a second signal always does.
+releases its lock, closes TensorBoard and exits with 128 + the signal's number. In a run of one process the first
+signal outside the loop (building the run, validating, saving) raises ``Stopped`` at once, as Ctrl-C always did. A
+run of several ranks never leaves on its own at the first signal, wherever it comes: each rank keeps the flag, and
+the ranks agree on it before training starts and at the loop's print steps, so that none waits for a peer that left
+(a rank that left in the middle of a step would leave its peers blocked in the step's collectives). A second signal
+always raises at once.
 
 Under Slurm a job that may be requeued is requeued (``scontrol requeue``) once its checkpoint is written: it
 starts again and continues with --resume auto. Under torchrun a stopped worker exits non-zero, and the agent's
@@ -41,15 +45,17 @@ def exit_code(signum):
 
 class StopRequest:
     """The signals' handler while a run trains. ``armed``: the loop checks ``signum`` at its step boundaries
-    (else a signal raises Stopped). ``install`` returns self; ``restore`` puts the previous handlers back."""
+    (else a signal raises Stopped); ``several``: the ranks of a job agree on the stop wherever the signal came, so
+    a first signal never raises. ``install`` returns self; ``restore`` puts the previous handlers back."""
 
     REPEAT = 2.0  # seconds: the same signal again this soon is the one signal delivered twice (a terminal's
     # Ctrl-C reaches a rank, and its supervisor passes it on), not a second request
 
     def __init__(self):
-        self.signum, self.armed, self._previous, self._at = None, False, {}, 0.0
+        self.signum, self.armed, self.several, self._previous, self._at = None, False, False, {}, 0.0
 
-    def install(self):
+    def install(self, several=False):
+        self.several = several
         try:
             self._previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
         except ValueError:  # not the main thread: the signals stay as they were
@@ -71,7 +77,7 @@ class StopRequest:
     def _on_signal(self, signum, frame):
         if self.signum == signum and time.time() - self._at < self.REPEAT:
             return
-        if self.signum is not None or not self.armed:
+        if self.signum is not None or not (self.armed or self.several):
             self.signum = self.signum or signum
             raise Stopped(signum)
         self.signum, self._at = signum, time.time()
