@@ -93,6 +93,10 @@ def last_line(path):
 def report_failure(p, ranks, logs, r):
     """The one line that names the failed rank (its last log line, its log); returns the exit code."""
     rc = ranks.procs[r].returncode
+    from trainer.job.ranks import STOPPED, stopped_line
+    if rc in STOPPED:
+        sys.stderr.write(stopped_line(rc, p.output_dir))
+        return rc
     why = "was killed by signal {}".format(-rc) if rc < 0 else "failed with exit code {}".format(rc)
     last = last_line(logs[r])
     last = " (last log line: {})".format(last) if last else ""

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import pytest
 import torch
@@ -181,6 +182,50 @@ def test_two_spawned_ranks_stop_at_one_step_and_resume_exactly(shapes, tmp_path,
     assert read_checkpoint(tmp_path)["mid_epoch"]["step"] == stop["step"]
     assert not os.path.exists(str(tmp_path / "run.lock"))
     assert_resumes_exactly(shapes, tmp_path, args, stop, whole_two)
+
+
+def spawned_ranks(supervisor):
+    """The pids of spawn's ranks under ``supervisor``, rank 0 first (started in turn; not its resource tracker)."""
+    with open("/proc/{0}/task/{0}/children".format(supervisor)) as f:
+        children = [int(p) for p in f.read().split()]
+    ranks = []
+    for pid in children:
+        with open("/proc/{}/cmdline".format(pid), "rb") as f:
+            if b"spawn_main" in f.read():
+                ranks.append(pid)
+    return sorted(ranks)
+
+
+@RANKS
+def test_a_signal_to_one_rank_while_the_job_builds_stops_every_rank_before_training(shapes, tmp_path):
+    """Rank 0 held (SIGSTOP) once both ranks are set up, SIGTERM to rank 1 alone while it builds the run: rank 1
+    keeps the request rather than leaving (rank 0 would wait for it in a collective), the ranks agree on it before
+    the first step, both save nothing and end 143, the supervisor says so; --resume auto then trains the run."""
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + TINY +
+                            SPAWN, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=ROOT)
+    try:
+        read_lines(proc, lambda lines: sum("=> cpu binding" in line for line in lines) >= 2, timeout=240)
+        rank0, rank1 = spawned_ranks(proc.pid)
+        os.kill(rank0, signal.SIGSTOP)
+        try:
+            os.kill(rank1, signal.SIGTERM)
+            time.sleep(1.0)
+        finally:
+            os.kill(rank0, signal.SIGCONT)
+        out, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "interrupted: SIGTERM stopped the ranks, all ranks stopped" in err, err[-3000:]
+    assert "=> SIGTERM: stopped at epoch 0 step 0 of 25 (global step 0); no checkpoint yet" in out, out[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("Epoch: [")], "a step was trained"
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "interrupted" and summary["stopped"]["global_step"] == 0, summary
+    assert not os.path.exists(str(tmp_path / "run.lock"))
+    resumed = run_main([str(shapes), "--output-dir", str(tmp_path)] + TINY + SPAWN + ["--resume", "auto"])
+    assert resumed.returncode == 0 and read_summary(tmp_path)["status"] == "ok", resumed.stderr[-3000:]
 
 
 @RANKS

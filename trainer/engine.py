@@ -75,6 +75,24 @@ class TrainStep:
 
 
 @dataclasses.dataclass(eq=False)
+class _Epoch:
+    """What a training epoch's loop keeps between its steps: the meters' device sums, the divergence guard, the log
+    line's meters, the step clock, the guard's LR of a step, the losses and LRs recorded at print steps; ``start``:
+    the step a resumed epoch continues at."""
+
+    epoch: int
+    steps: int
+    start: int
+    sums: Any
+    guard: Any
+    meters: Any
+    clock: Any
+    lr_at: Callable
+    step_losses: list
+    step_lrs: list
+
+
+@dataclasses.dataclass(eq=False)
 class Loops:
     """The epoch loops, given what they use. ``recorder``: observe.Recorder (or Silent); ``log``: metrics.Logger;
     ``zoo``: metrics.ZooLines; ``run``: the run section (print_freq, fps_warmup_steps, skip_steps, save_every);
@@ -113,18 +131,44 @@ class Loops:
         due = bool(self.save_every) and time.time() - self._saved_at >= self.save_every
         return (self.stop.signum or 0) if self.stop is not None else 0, due
 
-    def _position(self, epoch, i, sums, guard, step_losses, step_lrs, seen=None):
-        """What a mid-epoch checkpoint keeps of the loop after step ``i``: the step to continue at, the meters'
-        totals (``seen``: the interval's start, where a stop's read is not to be repeated), the guard's counters,
-        the losses and LRs recorded so far."""
+    def _position(self, ep, i, seen=None):
+        """What a mid-epoch checkpoint keeps of the loop after step ``i`` of ``ep`` (an _Epoch): the step to continue
+        at, the meters' totals (``seen``: the interval's start, where a stop's read is not to be repeated), the
+        guard's counters, the losses and LRs recorded so far."""
         dist = self.dist
-        return dict(epoch=epoch, step=i + 1, sums=sums.state(seen, dist.rank, dist.world_size, dist.all_reduce_sum),
-                    guard=guard.state(), step_losses=[list(p) for p in step_losses],
-                    step_lrs=[list(p) for p in step_lrs])
+        return dict(epoch=ep.epoch, step=i + 1,
+                    sums=ep.sums.state(seen, dist.rank, dist.world_size, dist.all_reduce_sum),
+                    guard=ep.guard.state(), step_losses=[list(p) for p in ep.step_losses],
+                    step_lrs=[list(p) for p in ep.step_lrs])
 
     def autocast(self):
         p = self.precision
         return self.device.autocast(p.dtype if p is not None and p.impl == "native" else None)
+
+    def _start_epoch(self, step, loader, epoch, steps, carry):
+        """The loop's state for ``epoch`` (an _Epoch), continued from ``carry`` (a mid-epoch checkpoint's position)
+        where given: its sampler skips the batches trained, its meters and the guard's counters go on."""
+        dev, dist, run = self.device, self.dist, self.run
+        start = carry["step"] if carry else 0
+        sampler = getattr(loader, "sampler", None)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+            if start:  # the batches trained before the stop are skipped, not drawn (the order is (seed, epoch)'s)
+                sampler.skip = start * self.batch
+        sums, guard = metrics.Sums(dev), Guard(dev)
+        if carry:
+            sums.restore(carry["sums"], dist.rank, dist.world_size)
+            guard.restore(carry["guard"])
+        warm = run.fps_warmup_steps
+        if step.compiling and not 0 < warm < steps:  # --compile: this epoch's first step compiles
+            warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
+        return _Epoch(
+            epoch=epoch, steps=steps, start=start, sums=sums, guard=guard,
+            meters=metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch), restart_at=run.skip_steps),
+            clock=metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0, start=start),
+            lr_at=functools.partial(step.schedule, epoch),  # the divergence guard's LR of a step of this epoch
+            step_losses=[tuple(p) for p in carry["step_losses"]] if carry else [],
+            step_lrs=[tuple(p) for p in carry["step_lrs"]] if carry else [])
 
     def train_one_epoch(self, step, loader, epoch, steps, profiler=None, batch_print=None, carry=None):
         """One epoch of ``steps`` steps of ``step`` (a TrainStep) over ``loader``; returns its metrics.TrainStats.
@@ -133,39 +177,20 @@ class Loops:
         ``carry``: a mid-epoch checkpoint's ``position`` of this epoch (the loop continues at its step, its meters
         and the guard's counters as they were)."""
         dev, dist, rec, run = self.device, self.dist, self.recorder, self.run
-        optimizer = step.step.optimizer
         step.model.train()
-        start = carry["step"] if carry else 0
-        sampler = getattr(loader, "sampler", None)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
-            if start:  # the batches trained before the stop are skipped, not drawn (the order is (seed, epoch)'s)
-                sampler.skip = start * self.batch
-        batch = None
-        sums, guard = metrics.Sums(dev), Guard(dev)
-        lr_at = functools.partial(step.schedule, epoch)  # the divergence guard's LR of a step of this epoch
         self.position = None
-        if carry:
-            sums.restore(carry["sums"], dist.rank, dist.world_size)
-            guard.restore(carry["guard"])
-        meters = metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch), restart_at=run.skip_steps)
-        compiling = step.compiling  # --compile: this epoch's first step compiles
-        warm = run.fps_warmup_steps
-        if compiling and not 0 < warm < steps:
-            warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
-        clock = metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0, start=start)
-        step_losses = [tuple(p) for p in carry["step_losses"]] if carry else []
-        step_lrs = [tuple(p) for p in carry["step_lrs"]] if carry else []
+        ep = self._start_epoch(step, loader, epoch, steps, carry)
+        clock, batch = ep.clock, None
         rec.start_epoch(epoch, steps)
-        stop, several = self.stop, dist.world_size > 1
-        for i, (images, target) in clock.batches(loader, steps, start):
+        several = dist.world_size > 1
+        for i, (images, target) in clock.batches(loader, steps, ep.start):
             batch = images.shape[0]
             if batch_print is not None:
                 batch_print(images, target)
             output, y, loss, skipped = step(images, target, epoch, i)
-            guard.observe(loss, skipped)
+            ep.guard.observe(loss, skipped)
             c1, c5 = metrics.correct_counts(output.detach(), y)
-            sums.add(loss.detach() * batch, c1, c5, batch)
+            ep.sums.add(loss.detach() * batch, c1, c5, batch)
             rec.step(batch)
             if profiler is not None:
                 profiler.step(epoch * steps + i)
@@ -176,38 +201,11 @@ class Loops:
                 for line in self.zoo.first_step(clock.first_seconds[-1]):  # this step's
                     self.log(line)
             regular = i % run.print_freq == 0 or i == steps - 1
-            signalled, due = self._asked() if not several else (0, False)  # one process: this step's boundary
-            agreed = signalled
-            if regular or self.stop_requested or signalled:
-                seen = sums.seen()  # a stop between print steps: the checkpoint keeps the interval open
-                extras = dict(step.step.live_scalars(), guard=guard.reduced(dist))
-                if several and regular and (stop is not None or self.save_every):  # the ranks' flags, with the meters
-                    extras["asked"] = dist.all_reduce_max(dev.move(torch.tensor(self._asked(), dtype=torch.float32)))
-                # syncs the device: one read for the meters, the loss scaler's values and the guard's counters
-                interval, running, live = sums.read(dist.all_reduce_sum, extras)
-                counters = live.pop("guard")
-                if "asked" in live:
-                    agreed, due = int(live["asked"][0]), bool(live.pop("asked")[1])
-                span = clock.span(i)
-                meters.update(span, interval, running)
-                if regular:
-                    step_losses.append((epoch * steps + i + 1, interval["loss"]))
-                    step_lrs.append((epoch * steps + i + 1, optimizer.param_groups[0]["lr"]))
-                if not rec.bar:
-                    self.log(self.zoo.prefix + meters.line(i + 1))
-                rec.train_point(epoch * steps + i + 1, dict(
-                    live, loss=interval["loss"], acc1=interval["acc1"], acc5=interval["acc5"],
-                    epoch_loss=running["loss"], epoch_acc1=running["acc1"],
-                    lr=optimizer.param_groups[0]["lr"], data_wait=span.waited / span.seconds,
-                    **{"img/s": span.steps * batch * dist.world_size / span.seconds}))
-                guard.check(dist, epoch, lr_at, step.step.loss_scale, counters)  # the counters read with the meters
-                if agreed:
-                    self.stop_requested, self.stopped_by = True, agreed
-                    if i + 1 < steps:  # mid-epoch: what the checkpoint keeps of the loop
-                        self.position = self._position(epoch, i, sums, guard, step_losses, step_lrs,
-                                                       None if regular else seen)
+            agreed, due = self._asked() if not several else (0, False)  # one process: this step's boundary
+            if regular or self.stop_requested or agreed:
+                agreed, due = self._print_step(step, ep, i, batch, regular, agreed, due)
             if due and not agreed and i + 1 < steps:  # --save-every: a mid-epoch checkpoint, training goes on
-                self.save(self._position(epoch, i, sums, guard, step_losses, step_lrs))
+                self.save(self._position(ep, i))
                 self._saved_at = time.time()
             if self.stop_requested:
                 steps = i + 1
@@ -216,8 +214,8 @@ class Loops:
         timed, seconds = clock.finish()
         timed_steps = steps - clock.warm
         elapsed = dist.max(timed, dev)
-        _, running, counters = sums.read(dist.all_reduce_sum, {"guard": guard.reduced(dist)})
-        guard.check(dist, epoch, lr_at, step.step.loss_scale, counters["guard"])
+        _, running, counters = ep.sums.read(dist.all_reduce_sum, {"guard": ep.guard.reduced(dist)})
+        ep.guard.check(dist, epoch, ep.lr_at, step.step.loss_scale, counters["guard"])
         global_batch = (batch or 0) * dist.world_size
         if self.first_steps is None:
             self.first_steps = tuple(clock.first_seconds)
@@ -225,11 +223,47 @@ class Loops:
             steps=steps, timed_steps=timed_steps, timed_seconds=elapsed,
             fps=timed_steps * global_batch / elapsed if elapsed > 0 and timed_steps > 0 else None,
             data_wait_seconds=clock.waited, seconds=seconds, loss=running["loss"], acc1=running["acc1"],
-            acc5=running["acc5"], images=running["count"], step_losses=tuple(step_losses), step_lrs=tuple(step_lrs),
-            start=start)
+            acc5=running["acc5"], images=running["count"], step_losses=tuple(ep.step_losses),
+            step_lrs=tuple(ep.step_lrs), start=ep.start)
         for line in self.zoo.trained(stats):
             self.log(line)
         return stats
+
+    def _print_step(self, step, ep, i, batch, regular, signalled, due):
+        """After step ``i`` of ``ep``, at a print step (``regular``) or a stop: one read of the meters, the loss
+        scaler's values and the guard's counters (it syncs the device), the log line and the recorder's point, the
+        guard's check. Several ranks agree there on a stop signal and on --save-every's interval: their flags,
+        max-reduced, travel with the meters. Returns (the stop signal every rank stops for or 0, whether a
+        --save-every checkpoint is due); ``signalled``, ``due``: this process's own (one process)."""
+        dev, dist, rec = self.device, self.dist, self.recorder
+        optimizer, steps = step.step.optimizer, ep.steps
+        seen = ep.sums.seen()  # a stop between print steps: the checkpoint keeps the interval open
+        extras = dict(step.step.live_scalars(), guard=ep.guard.reduced(dist))
+        if dist.world_size > 1 and regular and (self.stop is not None or self.save_every):
+            extras["asked"] = dist.all_reduce_max(dev.move(torch.tensor(self._asked(), dtype=torch.float32)))
+        interval, running, live = ep.sums.read(dist.all_reduce_sum, extras)
+        counters = live.pop("guard")
+        agreed = signalled
+        if "asked" in live:
+            agreed, due = int(live["asked"][0]), bool(live.pop("asked")[1])
+        span = ep.clock.span(i)
+        ep.meters.update(span, interval, running)
+        if regular:
+            ep.step_losses.append((ep.epoch * steps + i + 1, interval["loss"]))
+            ep.step_lrs.append((ep.epoch * steps + i + 1, optimizer.param_groups[0]["lr"]))
+        if not rec.bar:
+            self.log(self.zoo.prefix + ep.meters.line(i + 1))
+        rec.train_point(ep.epoch * steps + i + 1, dict(
+            live, loss=interval["loss"], acc1=interval["acc1"], acc5=interval["acc5"],
+            epoch_loss=running["loss"], epoch_acc1=running["acc1"],
+            lr=optimizer.param_groups[0]["lr"], data_wait=span.waited / span.seconds,
+            **{"img/s": span.steps * batch * dist.world_size / span.seconds}))
+        ep.guard.check(dist, ep.epoch, ep.lr_at, step.step.loss_scale, counters)  # the counters read with the meters
+        if agreed:
+            self.stop_requested, self.stopped_by = True, agreed
+            if i + 1 < steps:  # mid-epoch: what the checkpoint keeps of the loop
+                self.position = self._position(ep, i, None if regular else seen)
+        return agreed, due
 
     @torch.no_grad()
     def validate(self, model, loader, criterion, ema=False):

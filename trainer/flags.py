@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 from typing import Optional, Tuple, Union
 
+from trainer.data import spec
 from trainer.device_names import DATA_BACKENDS, KIND_ALIASES, KINDS
 from trainer.options import (make_parser, number, parse_device_list, parse_dump_steps, parse_loss_scale,
                              parse_profile_steps, setting)
@@ -237,17 +238,18 @@ class DataConfig(_Section):
         help="data loading workers per node, shared among its processes (each gets ceil(j / processes per node)); "
              "default: from each process's share of the CPU cores, up to 16 per process on an accelerator, 4 on a CPU")
     train_crop_size: int = setting(  # the fixed training size; with a resolution schedule its largest, max_res
-        "--train-crop-size", group="recipe", default=224, type=number(int, 1),
+        "--train-crop-size", group="recipe", default=spec.TRAIN_CROP_SIZE, type=number(int, 1),
         help="the training image size (RandomResizedCrop's output); with --min-res/--max-res on the command line an "
              "error (the schedule sets the size)")
-    crop_scale_min: float = setting("--crop-scale-min", group="recipe", default=0.08, type=number(float, 0.0),
-                                    help="smallest area fraction RandomResizedCrop takes (torchvision: 0.08)")
+    crop_scale_min: float = setting(
+        "--crop-scale-min", group="recipe", default=spec.CROP_SCALE_MIN, type=number(float, 0.0),
+        help="smallest area fraction RandomResizedCrop takes (torchvision: 0.08)")
     val_resize_size: int = setting(
-        "--val-resize-size", group="recipe", default=256, flag_default=None, type=number(int, 1),
+        "--val-resize-size", group="recipe", default=spec.VAL_RESIZE_SIZE, flag_default=None, type=number(int, 1),
         help="validation: the shorter side is resized to this, then --val-crop-size is cut from the centre; default "
              "--val-crop-size x 256/224, rounded (256 for 224; FFCV's crop ratio)")
     val_crop_size: int = setting(
-        "--val-crop-size", group="recipe", default=224, type=number(int, 1),
+        "--val-crop-size", group="recipe", default=spec.VAL_CROP_SIZE, type=number(int, 1),
         help="the validation image size; may exceed the training size (the networks pool adaptively)")
     data_backend: str = setting(
         "--data-backend", group="device", default="auto", choices=DATA_BACKENDS,

@@ -12,6 +12,10 @@ class Sampling(NamedTuple):
     seed: int = 0
 
 
+# the crops' defaults: the flags' (trainer/flags.py's DataConfig) and a LoaderSpec's that tools and benches make
+TRAIN_CROP_SIZE, CROP_SCALE_MIN, VAL_RESIZE_SIZE, VAL_CROP_SIZE = 224, 0.08, 256, 224
+
+
 @dataclasses.dataclass(frozen=True)
 class LoaderSpec:
     """One rank's loaders: the batch, its place in the job, the workers, the crops (``data.build`` fills it
@@ -26,10 +30,10 @@ class LoaderSpec:
     world_size: int = 1
     workers: int = 0
     seed: int = 0
-    train_crop_size: int = 224
-    crop_scale_min: float = 0.08
-    val_resize_size: int = 256
-    val_crop_size: int = 224
+    train_crop_size: int = TRAIN_CROP_SIZE
+    crop_scale_min: float = CROP_SCALE_MIN
+    val_resize_size: int = VAL_RESIZE_SIZE
+    val_crop_size: int = VAL_CROP_SIZE
     channels_last: bool = False
     decode: Optional[Callable] = None  # the device's JPEG decoder (device backend only)
     decode_ahead: Optional[bool] = None  # device backend only; None: Device.decode_ahead

@@ -13,14 +13,17 @@ import traceback
 from trainer.guard import EXIT_DIVERGED
 from trainer.job.launch import check_port_free, free_port
 from trainer.job.lifeline import die_with_parent
-from trainer.job.stop import SIGNALS
+from trainer.job.stop import SIGNALS, name
 
 
 STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
 SIGNAL_GRACE = 120.0  # a stop signal passed on: the ranks' agreed step, and their mid-epoch checkpoint's write
-# exit codes of a rank that stopped on its own and said why (a user error, a divergence, Ctrl-C): every
+# exit codes of a rank stopped by a signal that reached the ranks but not their supervisor (a kill of one rank, a
+# cluster's signal to the ranks' processes): the ranks agreed on the stop and each saved its part
+STOPPED = tuple(128 + int(s) for s in SIGNALS)
+# exit codes of a rank that stopped on its own and said why (a user error, a divergence, a stop signal): every
 # rank meets the same condition, so the others are given STOP_GRACE to stop as well before being stopped
-ORDERLY = (2, EXIT_DIVERGED, 130)
+ORDERLY = (2, EXIT_DIVERGED) + STOPPED
 
 
 class Interrupted(Exception):
@@ -160,6 +163,9 @@ def spawn(plan, worker):
     if r is None:
         return 0
     code = ranks.codes()[r]
+    if code in STOPPED:
+        sys.stderr.write(stopped_line(code, plan.run.output_dir))
+        return code
     if code in (2, EXIT_DIVERGED) or (code == 1 and not traces[r]):
         return code  # the rank printed its one-line error already (exit 1 without a traceback: a failure it named)
     if traces[r]:
@@ -167,6 +173,12 @@ def spawn(plan, worker):
     how = "exit code {}".format(code) if code >= 0 else "signal {}".format(-code)
     sys.stderr.write("error: local rank {} failed ({}); stopped the other ranks\n".format(r, how))
     return 1
+
+
+def stopped_line(code, output_dir):
+    """The line of a job whose ranks a signal stopped (``code``: 128 + the signal) without their supervisor."""
+    return "interrupted: {} stopped the ranks, all ranks stopped; summary and checkpoints in '{}'; continue with " \
+           "--resume auto\n".format(name(code - 128), output_dir)
 
 
 def _take_trace(path):
