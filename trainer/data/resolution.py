@@ -5,8 +5,10 @@ from ``end_ramp`` on. The size is a function of the epoch alone, so a resumed ru
 an uninterrupted run does, and it changes only between epochs (each shape is compiled once on an NPU).
 
 Workers read the size from their sampler's items (``EpochSampler`` with ``sizes``: (index, seed, size)), which
-the training process draws afresh every epoch, so persistent workers follow it without being restarted."""
-import numpy as np
+the training process draws afresh every epoch, so persistent workers follow it without being restarted.
+
+numpy is imported where a size is computed: ``trainer.data`` imports without numpy or torch, so that main.py's
+parser (which reads the crops' defaults in data/spec.py) can say which Python to use where neither is installed."""
 
 MULTIPLE = 32  # FFCV's rounding; also a ResNet's total stride, so every stage's feature maps divide evenly
 
@@ -23,6 +25,7 @@ class ResolutionSchedule:
             return self.min_res
         if epoch >= self.end_ramp:
             return self.max_res
+        import numpy as np
         interp = np.interp([epoch], [self.start_ramp, self.end_ramp], [self.min_res, self.max_res])
         return int(np.round(interp[0] / MULTIPLE)) * MULTIPLE
 
