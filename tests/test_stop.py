@@ -94,20 +94,45 @@ def test_sigterm_mid_epoch_then_resume_auto_equals_the_uninterrupted_run(shapes,
     assert summary["steps_redone"] == 0
 
 
-def test_sigusr1_to_the_whole_process_group_stops_at_a_step_and_resumes_exactly(shapes, tmp_path, whole):
-    """Slurm's warning without B: (sbatch --signal=USR1@N) reaches every process of the step, the data workers
-    too: they leave it to their rank, which stops at its step boundary and saves."""
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
+def test_a_signal_to_the_whole_process_group_stops_at_a_step_and_resumes_exactly(shapes, tmp_path, whole, sig):
+    """Slurm's warning without B: (sbatch --signal=USR1@N), and its SIGTERM at the time limit, reach every process
+    of the step, the data workers too: they leave it to their rank, which stops at its step boundary and saves."""
     args = TINY + ["-j", "2"]
     proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + args,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT,
                             start_new_session=True)
     read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1][ 5/"), timeout=240)
-    os.killpg(proc.pid, signal.SIGUSR1)
+    os.killpg(proc.pid, sig)
     _, err = finish(proc, timeout=240)
-    assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
+    assert proc.returncode == 128 + sig, err[-3000:]
     stop = read_summary(tmp_path)["stopped"]
-    assert stop["signal"] == "SIGUSR1" and stop["epoch"] == 1, stop
+    assert stop["signal"] == sig.name and stop["epoch"] == 1, stop
     assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+
+
+def test_slurms_warning_during_start_up_stops_before_the_first_step(shapes, tmp_path):
+    """SIGUSR1 (Slurm's warning) while one process builds its run, held there (SIGSTOP) once its handlers are
+    installed: the warning is kept rather than ending the run, which stops before its first step, saved for a
+    requeue (a requeued job warned while it starts does not end for good), and exits 138."""
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + TINY +
+                            ["-j", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=ROOT)
+    try:
+        read_lines(proc, lambda lines: "=> cpu binding" in lines[-1], timeout=240)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            os.kill(proc.pid, signal.SIGUSR1)
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
+    assert "=> SIGUSR1: stopped at epoch 0 step 0 of 25 (global step 0); no checkpoint yet" in out, out[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("Epoch: [")], "a step was trained"
+    assert read_summary(tmp_path)["status"] == "interrupted"
 
 
 def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, whole):

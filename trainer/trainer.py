@@ -239,7 +239,8 @@ class Trainer:
                                    steps_redone=0 if self.carry.get("signal") else None)
             if self.stop is not None:
                 self.stop.armed = True  # from here a signal stops the run at a step boundary
-                if self.stop.several:  # a signal while the ranks built the run: they stop together, before training
+                if self.stop.several or self.stop.asked:  # a signal while the ranks built the run (or a warning
+                    # while one process did): they stop together, before training
                     asked = int(dist.max(self.stop.signum or 0, self.device))
                     if asked:
                         loops.stop_requested, loops.stopped_by = True, asked

@@ -13,6 +13,7 @@ import ctypes
 import functools
 import os
 import signal
+import threading
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -32,12 +33,30 @@ def die_with_parent(sig, parent_pid):
 
 def _worker_init(parent_pid, worker_id):
     die_with_parent(signal.SIGKILL, parent_pid)  # a worker holds nothing to save
-    # a stop request is its rank's to act on (trainer/job/stop.py): a worker that ended at a terminal's Ctrl-C or
-    # at Slurm's SIGUSR1 to every process of a step would fail the rank's loader before the rank has stopped.
-    # SIGTERM keeps its course: the loader ends its workers with it
+    # a stop request is its rank's to act on (trainer/job/stop.py): a worker that ended at a terminal's Ctrl-C, at
+    # Slurm's SIGUSR1 or at its SIGTERM to every process of a step would fail the rank's loader before the rank
+    # has stopped
     for sig in (signal.SIGINT, getattr(signal, "SIGUSR1", None)):
         if sig is not None:
             signal.signal(sig, signal.SIG_IGN)
+    _sigterm_only_from(parent_pid)
+
+
+def _sigterm_only_from(parent_pid):
+    """SIGTERM ends this process when ``parent_pid`` sends it (a DataLoader ends its workers with it, and so does
+    multiprocessing at the parent's exit), and is left to the parent when anyone else does (Slurm's SIGTERM to
+    every process of a step at its time limit, a kill of the process group). A thread waits for it
+    (``sigwaitinfo`` names the sender); the signal is blocked in every other thread of the process."""
+    if not hasattr(signal, "sigwaitinfo"):  # not Linux: SIGTERM keeps its course
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def wait():
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != parent_pid:
+            pass
+        os._exit(0)  # asked by its rank: a clean end (torch's SIGCHLD check of the workers blames any other)
+
+    threading.Thread(target=wait, name="sigterm-from-parent", daemon=True).start()
 
 
 def worker_init():

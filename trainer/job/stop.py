@@ -3,7 +3,9 @@ agent, ``timeout``, ``docker stop``) and SIGUSR1 (Slurm's warning, ``sbatch --si
 stop. In the training loop the request only sets a flag: the loop stops at a step boundary that every rank agrees
 on, the run saves a mid-epoch checkpoint, writes its summary (status ``interrupted``, the signal and the step),
 releases its lock, closes TensorBoard and exits with 128 + the signal's number. In a run of one process the first
-signal outside the loop (building the run, validating, saving) raises ``Stopped`` at once, as Ctrl-C always did. A
+SIGINT or SIGTERM outside the loop (building the run, validating, saving) raises ``Stopped`` at once, as Ctrl-C
+always did; SIGUSR1, a warning that time runs out, is kept until the loop starts, which stops before its first
+step (and requeues the job: a warning during a requeued job's start-up does not end it for good). A
 run of several ranks never leaves on its own at the first signal, wherever it comes: each rank keeps the flag, and
 the ranks agree on it before training starts and at the loop's print steps, so that none waits for a peer that left
 (a rank that left in the middle of a step would leave its peers blocked in the step's collectives). A second signal
@@ -18,7 +20,8 @@ import signal
 import subprocess
 import time
 
-SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
+WARNING = getattr(signal, "SIGUSR1", None)  # Slurm's warning signal: kept until the loop can act on it
+SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, WARNING) if s is not None)
 
 
 class Stopped(KeyboardInterrupt):
@@ -77,7 +80,7 @@ class StopRequest:
     def _on_signal(self, signum, frame):
         if self.signum == signum and time.time() - self._at < self.REPEAT:
             return
-        if self.signum is not None or not (self.armed or self.several):
+        if self.signum is not None or not (self.armed or self.several or signum == WARNING):
             self.signum = self.signum or signum
             raise Stopped(signum)
         self.signum, self._at = signum, time.time()
