@@ -39,6 +39,52 @@ def stopped_at(data, out, args, sig, at, env=None):
     return proc.returncode, lines + out_text.splitlines(), err
 
 
+def spawned_ranks(supervisor):
+    """The pids of spawn's ranks under ``supervisor``, rank 0 first (started in turn; not its resource tracker)."""
+    with open("/proc/{0}/task/{0}/children".format(supervisor)) as f:
+        children = [int(p) for p in f.read().split()]
+    ranks = []
+    for pid in children:
+        with open("/proc/{}/cmdline".format(pid), "rb") as f:
+            if b"spawn_main" in f.read():
+                ranks.append(pid)
+    return sorted(ranks)
+
+
+def signalled_while_building(data, out, args, sig, ranks=1):
+    """main.py on ``data`` into ``out``, its ``ranks`` process(es) set up (their handlers installed, each has logged
+    its cpu binding line) and building the run: the first held (SIGSTOP), ``sig`` to the last, then the first let
+    go. Returns the finished process's (code, stdout, stderr)."""
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(data), "--output-dir", str(out)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    try:
+        read_lines(proc, lambda lines: sum("=> cpu binding" in line for line in lines) >= ranks, timeout=240)
+        pids = spawned_ranks(proc.pid) if ranks > 1 else [proc.pid]
+        os.kill(pids[0], signal.SIGSTOP)
+        try:
+            os.kill(pids[-1], sig)
+            time.sleep(1.0)
+        finally:
+            os.kill(pids[0], signal.SIGCONT)
+        out_text, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out_text, err
+
+
+def assert_stopped_before_training(out_dir, code, out, err, sig):
+    """The run ended by ``sig`` before its first step: 128 + its number, nothing trained, nothing saved, its summary
+    ``interrupted`` at global step 0, its lock released."""
+    assert code == 128 + sig, err[-3000:]
+    assert "=> {}: stopped at epoch 0 step 0 of 25 (global step 0); no checkpoint yet".format(sig.name) in out, \
+        out[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("Epoch: [")], "a step was trained"
+    summary = read_summary(out_dir)
+    assert summary["status"] == "interrupted" and summary["stopped"]["global_step"] == 0, summary
+    assert not os.path.exists(os.path.join(str(out_dir), "run.lock"))
+
+
 def per_step(out):
     """(global step, loss) of every step of a run, and its last epoch's Acc@1, from metrics.jsonl."""
     records = read_metrics(out)
@@ -115,24 +161,8 @@ def test_slurms_warning_during_start_up_stops_before_the_first_step(shapes, tmp_
     """SIGUSR1 (Slurm's warning) while one process builds its run, held there (SIGSTOP) once its handlers are
     installed: the warning is kept rather than ending the run, which stops before its first step, saved for a
     requeue (a requeued job warned while it starts does not end for good), and exits 138."""
-    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + TINY +
-                            ["-j", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                            cwd=ROOT)
-    try:
-        read_lines(proc, lambda lines: "=> cpu binding" in lines[-1], timeout=240)
-        os.kill(proc.pid, signal.SIGSTOP)
-        try:
-            os.kill(proc.pid, signal.SIGUSR1)
-        finally:
-            os.kill(proc.pid, signal.SIGCONT)
-        out, err = finish(proc, timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
-    assert "=> SIGUSR1: stopped at epoch 0 step 0 of 25 (global step 0); no checkpoint yet" in out, out[-3000:]
-    assert not [line for line in out.splitlines() if line.startswith("Epoch: [")], "a step was trained"
-    assert read_summary(tmp_path)["status"] == "interrupted"
+    code, out, err = signalled_while_building(shapes, tmp_path, TINY + ["-j", "0"], signal.SIGUSR1)
+    assert_stopped_before_training(tmp_path, code, out, err, signal.SIGUSR1)
 
 
 def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, whole):
@@ -209,46 +239,14 @@ def test_two_spawned_ranks_stop_at_one_step_and_resume_exactly(shapes, tmp_path,
     assert_resumes_exactly(shapes, tmp_path, args, stop, whole_two)
 
 
-def spawned_ranks(supervisor):
-    """The pids of spawn's ranks under ``supervisor``, rank 0 first (started in turn; not its resource tracker)."""
-    with open("/proc/{0}/task/{0}/children".format(supervisor)) as f:
-        children = [int(p) for p in f.read().split()]
-    ranks = []
-    for pid in children:
-        with open("/proc/{}/cmdline".format(pid), "rb") as f:
-            if b"spawn_main" in f.read():
-                ranks.append(pid)
-    return sorted(ranks)
-
-
 @RANKS
 def test_a_signal_to_one_rank_while_the_job_builds_stops_every_rank_before_training(shapes, tmp_path):
     """Rank 0 held (SIGSTOP) once both ranks are set up, SIGTERM to rank 1 alone while it builds the run: rank 1
     keeps the request rather than leaving (rank 0 would wait for it in a collective), the ranks agree on it before
     the first step, both save nothing and end 143, and the supervisor says so."""
-    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + TINY +
-                            SPAWN, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-                            cwd=ROOT)
-    try:
-        read_lines(proc, lambda lines: sum("=> cpu binding" in line for line in lines) >= 2, timeout=240)
-        rank0, rank1 = spawned_ranks(proc.pid)
-        os.kill(rank0, signal.SIGSTOP)
-        try:
-            os.kill(rank1, signal.SIGTERM)
-            time.sleep(1.0)
-        finally:
-            os.kill(rank0, signal.SIGCONT)
-        out, err = finish(proc, timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    code, out, err = signalled_while_building(shapes, tmp_path, TINY + SPAWN, signal.SIGTERM, ranks=2)
     assert "interrupted: SIGTERM stopped the ranks, all ranks stopped" in err, err[-3000:]
-    assert "=> SIGTERM: stopped at epoch 0 step 0 of 25 (global step 0); no checkpoint yet" in out, out[-3000:]
-    assert not [line for line in out.splitlines() if line.startswith("Epoch: [")], "a step was trained"
-    summary = read_summary(tmp_path)
-    assert summary["status"] == "interrupted" and summary["stopped"]["global_step"] == 0, summary
-    assert not os.path.exists(str(tmp_path / "run.lock"))
+    assert_stopped_before_training(tmp_path, code, out, err, signal.SIGTERM)
 
 
 @RANKS

@@ -15,6 +15,8 @@ import os
 import signal
 import threading
 
+from trainer.job.stop import WARNING
+
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -36,7 +38,7 @@ def _worker_init(parent_pid, worker_id):
     # a stop request is its rank's to act on (trainer/job/stop.py): a worker that ended at a terminal's Ctrl-C, at
     # Slurm's SIGUSR1 or at its SIGTERM to every process of a step would fail the rank's loader before the rank
     # has stopped
-    for sig in (signal.SIGINT, getattr(signal, "SIGUSR1", None)):
+    for sig in (signal.SIGINT, WARNING):
         if sig is not None:
             signal.signal(sig, signal.SIG_IGN)
     _sigterm_only_from(parent_pid)

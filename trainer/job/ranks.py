@@ -13,14 +13,14 @@ import traceback
 from trainer.guard import EXIT_DIVERGED
 from trainer.job.launch import check_port_free, free_port
 from trainer.job.lifeline import die_with_parent
-from trainer.job.stop import SIGNALS, name
+from trainer.job.stop import SIGNALS, exit_code, name
 
 
 STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
 SIGNAL_GRACE = 120.0  # a stop signal passed on: the ranks' agreed step, and their mid-epoch checkpoint's write
 # exit codes of a rank stopped by a signal that reached the ranks but not their supervisor (a kill of one rank, a
 # cluster's signal to the ranks' processes): the ranks agreed on the stop and each saved its part
-STOPPED = tuple(128 + int(s) for s in SIGNALS)
+STOPPED = tuple(exit_code(s) for s in SIGNALS)
 # exit codes of a rank that stopped on its own and said why (a user error, a divergence, a stop signal): every
 # rank meets the same condition, so the others are given STOP_GRACE to stop as well before being stopped
 ORDERLY = (2, EXIT_DIVERGED) + STOPPED
@@ -32,7 +32,7 @@ class Interrupted(Exception):
     def __init__(self, signum):
         Exception.__init__(self, signum)
         self.signum = signum
-        self.exit_code = 128 + int(signum)  # 130 for SIGINT, 143 for SIGTERM
+        self.exit_code = exit_code(signum)  # 130 for SIGINT, 143 for SIGTERM
 
 
 def _on_signal(signum, frame):
