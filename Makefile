@@ -13,7 +13,7 @@ STAMP_COMPAT := $(VENV_COMPAT)/.installed
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
 # lanes of their own, on each stack: the jobs of several ranks (marker "ranks": conftest.RANKS runs them one after
 # another) and the graph-mode tests (--compile; marker "graph": compiling takes a CPU minutes)
-MAIN_TESTS   := -m "not graph and not ranks and not slurm and not double and not clients and not bench"
+MAIN_TESTS   := -m "not graph and not ranks and not slurm and not double and not clients and not bench and not tools"
 RANKS_TESTS  := -m "ranks and not graph and not slurm and not double"
 GRAPH_TESTS  := -m graph
 # runs that train on the torch_npu double (marker "double", conftest.DOUBLE), its ranks' jobs included
@@ -23,8 +23,10 @@ DOUBLE_TESTS := -m "double and not graph and not slurm"
 CLIENT_TESTS := -m "clients and not graph and not ranks and not slurm and not double"
 # the benchmark scripts' smoke runs (marker "bench")
 BENCH_TESTS  := -m "bench and not graph and not ranks and not slurm and not double"
+# the porting tools' runs (marker "tools"): the device battery, ONNX export, op inventory, precision comparison
+TOOLS_TESTS  := -m "tools and not graph and not ranks and not slurm and not double"
 
-.PHONY: install install-compat test test-clients test-clients-compat test-bench test-bench-compat test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat demo lint clean-demo check-device
+.PHONY: install install-compat test test-clients test-clients-compat test-bench test-bench-compat test-tools test-tools-compat test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -63,6 +65,13 @@ test-bench: install
 
 test-bench-compat: install-compat
 	$(PY_COMPAT) -m pytest $(BENCH_TESTS) $(PYTEST_ARGS)
+
+# the porting tools (tools/): the check-device battery on the CPU, ONNX export, op report, precision comparison
+test-tools: install
+	$(PY) -m pytest $(TOOLS_TESTS) $(PYTEST_ARGS)
+
+test-tools-compat: install-compat
+	$(PY_COMPAT) -m pytest $(TOOLS_TESTS) $(PYTEST_ARGS)
 
 # the jobs of several ranks (spawn, torchrun, nodes, Ctrl-C, killed ranks) on the pinned stack
 test-ranks: install

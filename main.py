@@ -7,9 +7,12 @@ in the ``trainer`` package; ``python3 main.py --help`` lists every flag.
 import sys
 
 from trainer import interpreter
+from trainer.job import stop
 
-if __name__ == "__main__" and not {"-h", "--help"} & set(sys.argv[1:]):  # --help needs none of them
-    interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them, exit 2
+if __name__ == "__main__":
+    stop.hold_warning()  # Slurm's warning (SIGUSR1) while the run starts or after it ended is kept, never fatal
+    if not {"-h", "--help"} & set(sys.argv[1:]):  # --help needs none of them
+        interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them, exit 2
 from trainer import errors
 
 

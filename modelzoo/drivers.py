@@ -23,6 +23,7 @@ from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, toler
 from trainer import interpreter
 from trainer.errors import UsageError, counted
 from trainer.job.lifeline import die_with_parent
+from trainer.job.stop import hold_warning, warning_blocked
 
 # ---------------------------------------------------------------- launch and supervise
 
@@ -215,7 +216,8 @@ def run(mode, scale, argv, env=None):
     ranks = Ranks(groups=True)
     try:
         with ranks:
-            logs = start_ranks(p, cmd, env, ranks)
+            with warning_blocked():  # each rank's main.py holds Slurm's warning from its first line
+                logs = start_ranks(p, cmd, env, ranks)
             r = ranks.supervise()
     except Interrupted as exc:
         sys.stderr.write("interrupted ({}): stopping all ranks\n".format(name(exc.signum)))
@@ -264,4 +266,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    hold_warning()  # Slurm's warning (SIGUSR1) outside the supervision, as the report is written, is not fatal
     sys.exit(main())

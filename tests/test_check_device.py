@@ -7,7 +7,7 @@ import pytest
 from conftest import CPU_FLOAT16, assert_one_line_error, run_tool
 from tools import check_device
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.tools, pytest.mark.timeout(400)]  # make test-tools
 
 
 def test_small_battery_passes_on_cpu_and_writes_json(tmp_path):

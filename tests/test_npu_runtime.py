@@ -12,6 +12,7 @@ import pytest
 
 from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
 from trainer.job import affinity
+from trainer.job.ranks import SIGNAL_GRACE
 from trainer.device import runtime
 from trainer.device.npu import NpuDevice
 
@@ -180,7 +181,16 @@ def _affinities_while_running(cmd, env, ranks_at_depth, timeout=120):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
-        out = proc.communicate(timeout=120)[0]
+        # the ranks stop at an agreed step; one that cannot (a loader worker hung in its fork: CPython gh-112275,
+        # Python < 3.11.10) is killed by its supervisor after SIGNAL_GRACE, so the job always ends. torch 2.1's
+        # torchrun kills the rank alone: its hung worker, which never ran a line to end with it, holds the output
+        try:
+            out = proc.communicate(timeout=SIGNAL_GRACE + 60)[0]
+        except subprocess.TimeoutExpired:
+            if proc.poll() is None:
+                raise
+            os.killpg(proc.pid, signal.SIGKILL)
+            out = proc.communicate(timeout=30)[0]
     return ranks, workers, out
 
 

@@ -30,18 +30,28 @@ def torchrun(args, out_dir, data, extra=(), **kw):
 
 
 def workers_of(out_dir):
-    """The pids of the main.py processes writing to ``out_dir`` (torchrun's workers)."""
-    pids = []
+    """{pid: RANK} of the main.py processes writing to ``out_dir`` that torchrun started (its workers: the agent's own
+    command line names main.py and the folder too, but its environment holds no RANK)."""
+    pids = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open("/proc/{}/cmdline".format(entry), "rb") as f:
                     args = f.read().split(b"\0")
+                with open("/proc/{}/environ".format(entry), "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
             except OSError:
                 continue
-            if any(a.endswith(b"main.py") for a in args) and str(out_dir).encode() in args:
-                pids.append(int(entry))
+            if any(a.endswith(b"main.py") for a in args) and str(out_dir).encode() in args and b"RANK" in env:
+                pids[int(entry)] = int(env[b"RANK"])
     return pids
+
+
+def last_rank(out_dir):
+    """The pid of the highest rank of torchrun's workers writing to ``out_dir`` (not the highest pid: pids wrap)."""
+    workers = workers_of(out_dir)
+    assert workers, "no torchrun worker found for {}".format(out_dir)
+    return max(workers, key=workers.get)
 
 
 class Busy:
@@ -86,7 +96,7 @@ def test_a_torchrun_restart_under_load_comes_up_and_ends_as_an_uninterrupted_run
     try:
         read_lines(p, lambda lines: lines[-1].startswith("Epoch: [1]["), timeout=240)
         with Busy():
-            os.kill(max(workers_of(tmp_path)), signal.SIGKILL)
+            os.kill(last_rank(tmp_path), signal.SIGKILL)
             out, err = finish(p, timeout=300)
     finally:
         if p.poll() is None:

@@ -17,7 +17,7 @@ import main as entry
 from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, read_checkpoint, read_lines, read_metrics, read_summary
 from conftest import DOUBLE, assert_call_error, run_main, trained
 from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
-from test_rendezvous import workers_of
+from test_rendezvous import last_rank
 
 # the signals clusters stop runs with: an outside client's (make test-clients; the ranks' and the double's runs stay
 # in their lanes)
@@ -165,6 +165,63 @@ def test_slurms_warning_during_start_up_stops_before_the_first_step(shapes, tmp_
     assert_stopped_before_training(tmp_path, code, out, err, signal.SIGUSR1)
 
 
+def test_slurms_warning_before_main_pys_first_line_is_kept(shapes, tmp_path):
+    """main.py started with SIGUSR1 blocked and already pending (a launcher that blocks it while it starts its
+    processes, as spawn's supervisor does): main.py's first line takes the warning, which reaches the run's handlers;
+    the run stops before its first step, saved for a requeue, and exits 138 (it neither trains on nor dies)."""
+    block = lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # noqa: E731
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + TINY +
+                            ["-j", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=ROOT, preexec_fn=block)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = finish(proc, timeout=240)
+    assert_stopped_before_training(tmp_path, proc.returncode, out, err, signal.SIGUSR1)
+
+
+AFTER_THE_RUN = """import os, runpy, signal, sys, time
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as end:
+    code = end.code
+os.kill(os.getpid(), signal.SIGUSR1)
+time.sleep(0.5)
+sys.exit(code)
+"""
+
+
+def test_slurms_warning_after_the_run_ended_leaves_its_exit_code(shapes, tmp_path):
+    """SIGUSR1 once main.py's run has returned (Slurm's warning to a job that ends within its time): kept, not
+    SIGUSR1's default action, so the process exits 0 and its job is COMPLETED, not FAILED by signal 10."""
+    proc = subprocess.run([PY, "-c", AFTER_THE_RUN, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir",
+                           str(tmp_path)] + TINY + ["-j", "0", "--epochs", "1"], capture_output=True, text=True,
+                          env=child_env(), cwd=ROOT, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_summary(tmp_path)["status"] == "ok"
+
+
+def test_processes_started_while_the_warning_is_blocked_inherit_it_blocked():
+    """stop.warning_blocked, as spawn starts its ranks: a process started inside it has SIGUSR1 blocked (a warning
+    waits for the rank's hold_warning); one kept before is delivered to the handler in force on leaving."""
+    from trainer.job import stop
+    previous = signal.getsignal(signal.SIGUSR1)
+    seen = []
+    try:
+        stop.hold_warning()
+        os.kill(os.getpid(), signal.SIGUSR1)  # kept, the process goes on
+        time.sleep(0.1)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+        probe = "import signal; print(signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, []))"
+        with stop.warning_blocked():
+            inside = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
+        time.sleep(0.1)
+        outside = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert (inside, outside) == ("True", "False")
+    assert seen == [signal.SIGUSR1] and not stop.kept()
+
+
 def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, whole):
     """--save-every 0.002 (0.12 s, a few steps here): a run killed outright once it has saved in its second epoch
     continues from its last mid-epoch checkpoint, and ends as the uninterrupted run."""
@@ -260,7 +317,7 @@ def test_a_torchrun_worker_stopped_by_sigterm_is_restarted_and_resumes_exactly(s
                             env=child_env())  # the threads of the uninterrupted job (its sums add alike)
     try:
         read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1][ 5/"), timeout=240)
-        os.kill(max(workers_of(tmp_path)), signal.SIGTERM)  # rank 1 (started after rank 0)
+        os.kill(last_rank(tmp_path), signal.SIGTERM)  # rank 1
         out, err = finish(proc, timeout=300)
     finally:
         if proc.poll() is None:

@@ -15,6 +15,8 @@ from trainer.record import checkpoint
 from trainer.device import Device
 from trainer.record.profiling import StepProfiler
 
+pytestmark = pytest.mark.tools  # make test-tools
+
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 
 

@@ -1,14 +1,10 @@
-"""Precision alignment with msprobe (MindStudio Probe, PyPI ``mindstudio-probe``), Ascend's precision tool.
+"""Precision alignment with msprobe (PyPI ``mindstudio-probe``), Ascend's precision tool.
 
-    --precision-dump DIR   the chosen training steps dumped through msprobe's PrecisionDebugger: started before the
-                           forward pass, stopped after the optimizer step, then step(); msprobe writes
-                           DIR/step<k>/rank<r>/{dump,stack,construct}.json (k: the global step, r: the rank)
-    --deterministic        msprobe's seed_all (dropout removed, as msprobe recommends for comparisons), the device's
-                           deterministic algorithms (Device.deterministic), every Dropout at p=0; summary.json's
-                           "alignment" records the seed and the fingerprints of the initial weights and first batches
-
-msprobe is imported only here, and only when a run asks for it; torch only in the functions that take tensors (the
-command line's checks, ``check_flags``, import neither). tools/align.py compares what these runs leave.
+--precision-dump DIR: the chosen training steps through msprobe's PrecisionDebugger (forward pass to optimizer step),
+into DIR/step<k>/rank<r>/. --deterministic: msprobe's seed_all (dropout removed), the device's deterministic
+algorithms, Dropout at p=0; summary.json's "alignment" records the seed and the fingerprints of the initial weights
+and first batches. msprobe is imported only here and only when asked; ``check_flags`` imports neither it nor torch.
+tools/align.py compares what these runs leave.
 """
 import hashlib
 import importlib.util
@@ -20,8 +16,7 @@ MSPROBE_PIN = "mindstudio-probe==26.2.0"
 FINGERPRINT_STEPS = 2  # the first training steps whose batches the summary's fingerprint covers
 
 
-def install_hint():
-    return "pip install {} (make install installs it)".format(MSPROBE_PIN)
+INSTALL_HINT = "pip install {} (make install installs it)".format(MSPROBE_PIN)
 
 
 def available():
@@ -33,8 +28,7 @@ DUMP_OPTIONS = ("dump_steps", "dump_level", "dump_task", "dump_config")
 
 
 def check_flags(ns, explicit):
-    """--precision-dump and its options, --deterministic (the run section's fields of precision alignment): what
-    they need, and a dump folder that holds no dump of the steps asked (msprobe would write over it)."""
+    """--precision-dump, its options and --deterministic: what they need, and no earlier dump of the steps asked."""
     given = [d for d in DUMP_OPTIONS if d in explicit]
     if ns.precision_dump is None:
         if given:
@@ -63,7 +57,7 @@ def check_flags(ns, explicit):
         if ns.compile:
             raise UsageError("--precision-dump hooks the eager model's modules and APIs: drop --compile")
         if not available():
-            raise UsageError("--precision-dump needs msprobe, which is not installed: " + install_hint())
+            raise UsageError("--precision-dump needs msprobe, which is not installed: " + INSTALL_HINT)
     if ns.deterministic and ns.seed is None:
         raise UsageError("--deterministic needs --seed N: give every run to be compared the same seed")
 
@@ -71,23 +65,22 @@ def check_flags(ns, explicit):
 def msprobe(flag):
     """msprobe's PyTorch package, imported now; a UsageError naming ``flag`` and the install where it cannot be."""
     if not available():
-        raise UsageError("{} needs msprobe, which is not installed: {}".format(flag, install_hint()))
+        raise UsageError("{} needs msprobe, which is not installed: {}".format(flag, INSTALL_HINT))
     try:
         import msprobe.pytorch as mp
     except Exception as exc:  # a broken install: say what failed, in one line
         raise UsageError("{} needs msprobe, which does not import here ({}): {}".format(
-            flag, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160], install_hint()))
+            flag, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160], INSTALL_HINT))
     return mp
 
 
 def seed_all(seed, device):
-    """--deterministic, once the seed is known: msprobe's seed_all where msprobe is installed (Python, NumPy, torch
-    and the device seeded; dropout removed), then the device's deterministic algorithms again (seed_all's
-    mode=False would leave them off; the device layer set them before the process group started). Returns a note."""
+    """--deterministic, once the seed is known: msprobe's seed_all where installed, then the device's deterministic
+    algorithms again (seed_all's mode=False leaves them off). Returns a note."""
     if not available():
         device.manual_seed(seed)
         return "--deterministic without msprobe ({}): torch seeded {}, Dropout modules at p=0".format(
-            install_hint(), seed)
+            INSTALL_HINT, seed)
     mp = msprobe("--deterministic")
     mp.seed_all(seed=seed, mode=False, rm_dropout=True)
     device.manual_seed(seed)
@@ -96,8 +89,7 @@ def seed_all(seed, device):
 
 
 def remove_dropout(model):
-    """Every Dropout module of ``model`` at p=0 (msprobe's rm_dropout patches the functions; this holds without
-    msprobe too). Returns how many."""
+    """Every Dropout module of ``model`` at p=0 (msprobe's rm_dropout patches only functions). Returns how many."""
     import torch
     n = 0
     for m in model.modules():
@@ -128,8 +120,7 @@ def weights_fingerprint(model):
 
 
 def environment():
-    """The environment variables msprobe's config check compares (its env.yaml: HCCL_DETERMINISTIC and NCCL's
-    counterparts, ...) that are set, else a few of the device layer's."""
+    """The set environment variables that msprobe's config check compares (its env.yaml) and ENV_NAMES."""
     names = set(ENV_NAMES)
     if available():
         try:
@@ -152,17 +143,12 @@ def packages():
         from importlib import metadata  # novermin (3.8; msprobe needs 3.8 too)
     except ImportError:
         return {}
-    out = {}
-    for dist in metadata.distributions():
-        name = dist.metadata.get("Name") if dist.metadata else None
-        if name:
-            out[name] = dist.version
-    return dict(sorted(out.items()))
+    found = ((dist.metadata.get("Name") if dist.metadata else None, dist.version) for dist in metadata.distributions())
+    return dict(sorted({name: version for name, version in found if name}.items()))
 
 
 def record(seed, deterministic, dropout_removed, model):
-    """summary.json's "alignment": the seed, the initial weights' fingerprint, the environment and packages; the
-    first batches' fingerprint is added as they are trained (batches_sha256)."""
+    """summary.json's "alignment" (batches_sha256 is added as the first batches train)."""
     return dict(seed=seed, deterministic=deterministic, dropout_removed=dropout_removed,
                 weights_sha256=weights_fingerprint(model), batches_sha256=None, batches_steps=0,
                 environment=environment(), packages=packages())
@@ -172,14 +158,13 @@ class BatchFingerprint:
     """sha256 of the first FINGERPRINT_STEPS training batches (images as loaded, targets) of a rank."""
 
     def __init__(self, steps=FINGERPRINT_STEPS):
-        self.h, self.left, self.steps = hashlib.sha256(), steps, 0
+        self.h, self.limit, self.steps = hashlib.sha256(), steps, 0
 
     def add(self, images, target):
-        if self.left <= 0:
+        if self.steps >= self.limit:
             return False
         _digest(self.h, images)
         _digest(self.h, target)
-        self.left -= 1
         self.steps += 1
         return True
 
@@ -188,8 +173,7 @@ class BatchFingerprint:
 
 
 class Dumper:
-    """--precision-dump: msprobe's PrecisionDebugger around each training step; msprobe keeps the steps asked
-    (its step counter starts at the run's first global step)."""
+    """--precision-dump: msprobe's PrecisionDebugger around each training step, counting from the first global step."""
 
     def __init__(self, run, rank, first_step, model, log):
         mp = msprobe("--precision-dump")

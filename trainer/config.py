@@ -1,13 +1,10 @@
 """Command line -> validated, frozen ``Config``: what was asked (None: not given).
 
-Every setting is declared once, in trainer/flags.py: a field of its section, with its flag. The command line is
-parsed once, every default None (``flags.parse_typed``: a value left None was not given); the rest is filled in by
-layers: argparse's defaults, then a recipe's (``--recipe NAME``), then a ModelZoo entry's (trainer/zoo.py), then
-the flags given, which win. Each section is then made and checked by its own function (``data_section`` ...:
-its fields take their flags' values, the decided ones in place); ``validate`` composes them and checks what
-crosses sections. The ``Config`` is never rebuilt: what a run decides from it and from the machine is
-trainer/plan.py's ``Plan``. Nothing mutates the argparse namespace after ``parse_config`` returns. pytorch/examples'
-flags keep their names and meanings; the additions are documented in ``--help`` and docs/RUNNING.md.
+Every setting is declared once, in trainer/flags.py. The command line is parsed once (``flags.parse_typed``: the
+flags given); the rest is filled in by layers: argparse's defaults, a recipe's, a ModelZoo entry's (trainer/zoo.py),
+then the flags given, which win. Each section is made and checked by its own function (``data_section`` ...);
+``validate`` composes them and checks what crosses sections. What a run decides from the config and the machine is
+trainer/plan.py's ``Plan``.
 """
 import argparse
 import dataclasses
@@ -24,8 +21,7 @@ from trainer.options import parse_device_list, parse_profile_steps  # noqa: F401
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """The run's configuration: one frozen section per subsystem (each factory takes its own). What parsing learnt
-    besides (the notes on how the command line was adapted) travels apart, in ``Parsed``."""
+    """The run's configuration: one frozen section per subsystem (each factory takes its own)."""
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
@@ -34,14 +30,12 @@ class Config:
     run: RunConfig = RunConfig()
 
     def as_dict(self):
-        """Every field under its flat name (the command line's dests: ``data`` is the data set's folder, ``model``
-        the network built, ``launch`` the launch mode); a plan.Plan's ``as_dict`` is the same, as decided."""
+        """Every field under its flat name (flags.FLAT); a plan.Plan's ``as_dict`` is the same, as decided."""
         return {name: getattr(getattr(self, section), field) for name, (section, field) in FLAT.items()}
 
 
 class Parsed(NamedTuple):
-    """What ``parse_config`` returns: the config (None for --list-models) and the notes on how the command line was
-    adapted (a recipe scaled, a guide's flag mapped; ``run`` logs them)."""
+    """The config (None for --list-models) and the notes on how the command line was adapted (``run`` logs them)."""
     cfg: Optional[Config]
     notes: Tuple[str, ...] = ()
 
@@ -50,8 +44,8 @@ PRESETTABLE = ("opt_level", "loss_scale")  # the precision flags whose recipe / 
 
 
 def parse_config(argv=None, env=None, prog=None):
-    """Parse and validate into a ``Parsed``; raise UsageError (one line) on bad input. ``prog``: the name the
-    program was started as (``8p_main_med.py`` stands in for ModelZoo's Shufflenetv2 entry: trainer/zoo.py)."""
+    """Parse and validate into a ``Parsed``; UsageError (one line) on bad input. ``prog``: the name started as
+    (``8p_main_med.py``: ModelZoo's Shufflenetv2 entry)."""
     from trainer import recipes, zoo
     from trainer.job import placement
 
@@ -82,8 +76,7 @@ def parse_config(argv=None, env=None, prog=None):
 
 
 def _modelzoo_flags(ns, explicit, env):
-    """ModelZoo's flags folded into ours (trainer/zoo.py): (warm-up epochs, step unit, offset, schedule), FPS
-    warm-up steps, output folder, device list."""
+    """ModelZoo's flags folded into ours: the warm-up (trainer/zoo.py), FPS warm-up, output folder, device list."""
     from trainer import zoo
     warm = zoo.warmup(ns, explicit) or (ns.warmup_epochs, ns.lr_step_unit, 0, ns.lr_schedule)
     if ns.mz_benchmark == 1:
@@ -122,9 +115,8 @@ def _set(env, name):
 
 
 def _float32_env(env, amp):
-    """ModelZoo's ALLOW_HF32 / ALLOW_FP32 (exported by its scripts' --hf32 / --fp32): float32 training, with the
-    device's reduced-precision float32 path allowed (HF32) or not (FP32), as their main.py does.
-    Returns (float32_math, amp, notes)."""
+    """ModelZoo's ALLOW_HF32 / ALLOW_FP32 (its scripts' --hf32 / --fp32): float32 training with the reduced-precision
+    float32 path allowed or not, as its main.py does. Returns (float32_math, amp, notes)."""
     hf32, fp32 = _set(env, "ALLOW_HF32"), _set(env, "ALLOW_FP32")
     if hf32 and fp32:
         raise UsageError("ALLOW_FP32 and ALLOW_HF32 cannot be set at the same time: unset one")
@@ -167,10 +159,8 @@ def _flag(dest):
 
 
 def _resolution(ns, explicit):
-    """The training sizes: (train_crop_size, (min_res, max_res, start_ramp, end_ramp) or Nones, notes).
-    --train-crop-size alone is the fixed size. The schedule's four flags go together; given on the command line
-    beside --train-crop-size they contradict it; a recipe's schedule yields to a --train-crop-size given, unless
-    it ends at that size (``--recipe fast``'s ramp scaled to it: trainer/recipes.py)."""
+    """(train_crop_size, (min_res, max_res, start_ramp, end_ramp) or Nones, notes). The schedule's flags given
+    beside --train-crop-size contradict it; a recipe's schedule yields to it unless it ends at that size."""
     asked = [d for d in RESOLUTION if getattr(ns, d) is not None]
     none = (None, None, None, None)
     if not asked:
@@ -210,8 +200,7 @@ def _resolution(ns, explicit):
 
 
 def _val_sizes(ns):
-    """(resize, crop) of validation: --val-resize-size by default --val-crop-size x 256/224, rounded (FFCV's crop
-    ratio; torchvision's 256 for 224)."""
+    """(resize, crop) of validation: --val-resize-size by default --val-crop-size x 256/224, rounded."""
     resize = ns.val_resize_size
     if resize is None:
         resize = int(round(ns.val_crop_size / FFCV_CROP_RATIO))
@@ -323,10 +312,9 @@ def run_section(ns, explicit, entry, fps_warmup, output_dir):
 
 
 def validate(ns, env, place, explicit=frozenset(), entry=None, preset=()):
-    """(Config, notes) from parsed flags (``place``: this process's placement, trainer/job/placement.py;
-    ``explicit``: the dests the command line gave; ``entry``: the ModelZoo entry the run stands in for; ``preset``:
-    the PRESETTABLE dests that hold a recipe's or the entry's value):
-    each section made by its own function, after what crosses sections (ModelZoo's flags, --pretrained DIR)."""
+    """(Config, notes) from parsed flags: what crosses sections (ModelZoo's flags, --pretrained DIR), then each
+    section. ``place``: placement.place's; ``explicit``: the dests given; ``entry``: the ModelZoo entry; ``preset``:
+    the PRESETTABLE dests that hold a recipe's or the entry's value."""
     warm, fps_warmup, output_dir, ns.device_list = _modelzoo_flags(ns, explicit, env)
     if ns.pretrained not in (None, PUBLISHED) and os.path.isdir(ns.pretrained) and not ns.data:
         # pytorch/examples' `main.py --pretrained DIR`: there --pretrained takes no value, so the folder is DIR

@@ -1,8 +1,5 @@
-"""The device layer's names, without torch: what ``--device`` and ``--data-backend`` accept.
-
-Argument checks (main.py's parser, the ModelZoo drivers) import this module, so that ``--help`` and a
-bad value answer at once; trainer/device/__init__.py re-exports every name and holds all the rest.
-"""
+"""The device layer's names, without torch (so that argument checks answer at once): what ``--device`` and
+``--data-backend`` accept. trainer/device/__init__.py re-exports KINDS and holds all the rest."""
 
 KINDS = ("npu", "cuda", "cpu")
 
@@ -13,10 +10,8 @@ HOST_KIND = "cpu"  # the kind without an accelerator: pytorch/examples' --no-acc
 HOST_DECODE, DEVICE_DECODE = "cpu", "gpu"
 DATA_BACKENDS = ("auto", HOST_DECODE, DEVICE_DECODE)
 
-
-# what a recipe's precision and memory-format choices mean per kind (trainer/recipes.py, --recipe fast):
-# --amp where the device computes in half precision at speed; --channels-last where it is a choice (a CPU trains
-# NHWC by default here, an NPU keeps its own internal format)
+# per kind, for trainer/recipes.py's --recipe fast: --amp where half precision is fast; --channels-last where it is a
+# choice (a CPU trains NHWC by default here, an NPU keeps its own internal format)
 AMP_KINDS = ("npu", "cuda")
 CHANNELS_LAST_KINDS = ("cuda",)
 
@@ -27,6 +22,5 @@ def canonical_kind(name):
 
 
 def without_accelerator(device):
-    """--no-accel beside ``--device``: the host kind, or None where ``device`` names an accelerator (the two
-    contradict each other)."""
+    """--no-accel beside ``--device``: the host kind, or None where ``device`` names an accelerator (contradicting)."""
     return HOST_KIND if device in ("auto", HOST_KIND) else None

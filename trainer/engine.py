@@ -1,23 +1,14 @@
-"""Train and validate loops, and one training step.
+"""``TrainStep``: one training step in one place (LR, normalise, targets, forward and loss under autocast, backward,
+the scaled optimizer step, the weight average). ``Loops``: ``train_one_epoch`` and ``validate``, given what they use.
 
-    TrainStep(...)           one training step, all of it in one place: the step's LR, the batch normalised and
-                             its targets moved, forward and loss under autocast, backward and the optimizer step
-                             (with its loss scaling), the weight average's update
-    Loops(...)               the epoch loops over a loader, given what they use: the device, the process group,
-                             the normalizer, the recorder, the log and ModelZoo's lines, the settings they read
-      .train_one_epoch(step, loader, epoch, steps, ...)   the training epoch around a TrainStep
-      .validate(model, loader, criterion, ema=False)      one validation pass
-
-No host<->device synchronisation per step: losses and hit counts accumulate on the
-device and are read (and reduced over processes) only at print steps and at the end of
-an epoch. FPS is global images per second over the steps after ``--fps-warmup-steps``,
-timed between two device synchronisations; the time spent waiting for data is measured
-on the host and reported beside it. The divergence guard (trainer/guard.py) is read at the
-same points as the meters.
+No host<->device sync per step: losses and hit counts accumulate on the device and are read (reduced over ranks),
+with the divergence guard's counters, only at print steps and at an epoch's end. FPS: global images per second over
+the steps after ``--fps-warmup-steps``, timed between two device syncs; data waits are timed on the host beside it.
 """
 import dataclasses
 import functools
 import time
+import types
 from typing import Any, Callable, Optional
 
 import torch
@@ -34,11 +25,9 @@ def targets(device, target):
 
 
 class TrainStep:
-    """One training step. ``model``: the (wrapped) model; ``criterion``: the training loss; ``step``: the
-    OptimizerStep (trainer/precision/amp.py: optimizer, loss scaling, autocast, on its device); ``schedule``: the LR
-    of (epoch, step); ``normalize``: data.Normalizer; ``ema``: --model-ema's average or None; ``dumper``:
-    --precision-dump's msprobe dump or None (it starts before the forward pass and stops after the optimizer step);
-    ``log``: for the compiling step's lines."""
+    """One training step. ``step``: the OptimizerStep (precision/amp.py: optimizer, loss scaling, autocast);
+    ``schedule``: the LR of (epoch, step); ``ema``: --model-ema's average; ``dumper``: --precision-dump's (around
+    forward to optimizer step); ``log``: for the compiling step's lines."""
 
     def __init__(self, model, criterion, step, schedule, normalize, ema=None, dumper=None, log=print):
         self.model, self.criterion, self.step, self.schedule = model, criterion, step, schedule
@@ -75,38 +64,16 @@ class TrainStep:
 
 
 @dataclasses.dataclass(eq=False)
-class _Epoch:
-    """What a training epoch's loop keeps between its steps: the meters' device sums, the divergence guard, the log
-    line's meters, the step clock, the guard's LR of a step, the losses and LRs recorded at print steps; ``start``:
-    the step a resumed epoch continues at."""
-
-    epoch: int
-    steps: int
-    start: int
-    sums: Any
-    guard: Any
-    meters: Any
-    clock: Any
-    lr_at: Callable
-    step_losses: list
-    step_lrs: list
-
-
-@dataclasses.dataclass(eq=False)
 class Loops:
-    """The epoch loops, given what they use. ``recorder``: observe.Recorder (or Silent); ``log``: metrics.Logger;
-    ``zoo``: metrics.ZooLines; ``run``: the run section (print_freq, fps_warmup_steps, skip_steps, save_every);
-    ``val_tta``: --val-tta; ``precision``: the resolved precision (validation's autocast); ``stop``: the run's
-    job.stop.StopRequest, or None; ``batch``: the batch per process (a resumed epoch's sampler skips the batches
-    trained); ``save(position)``: writes --save-every's mid-epoch checkpoint. State kept across epochs:
-    ``first_steps`` (the wall times of the run's first steps), ``stop_requested`` (--profile-stop, or a stop
-    signal), ``stopped_by`` (the signal every rank stopped for) and ``position`` (where the epoch stopped: what a
-    mid-epoch checkpoint keeps of the loop, or None).
+    """The epoch loops. ``recorder``: observe.Recorder or Silent; ``zoo``: metrics.ZooLines; ``run``: the run
+    section; ``precision``: validation's autocast; ``stop``: the job.stop.StopRequest or None; ``batch``: per process
+    (a resumed epoch skips the batches trained); ``save(position)``: --save-every's checkpoint. Kept across epochs:
+    ``first_steps``, ``stop_requested``, ``stopped_by`` (the agreed signal), ``position`` (where a stop left the
+    epoch, or None).
 
-    The stop signal: one process stops after the step it arrived in (a host flag, no sync). Several ranks agree on
-    the step: the flag, max-reduced over ranks, travels with the meters' read at each print step (-p), the sync
-    point that exists already, so a stop adds no host sync to any step and every rank stops after the same step.
-    --save-every's interval is agreed alike (one process: checked at every step on the host clock)."""
+    A stop signal: one process stops after the step it arrived in (a host flag). Several ranks agree on the step:
+    the max-reduced flag travels with the meters' read at print steps, the sync that exists already, so every rank
+    stops after the same step with no added sync. --save-every's interval is agreed alike."""
 
     device: Any
     dist: Any
@@ -132,22 +99,17 @@ class Loops:
         return (self.stop.signum or 0) if self.stop is not None else 0, due
 
     def _position(self, ep, i, seen=None):
-        """What a mid-epoch checkpoint keeps of the loop after step ``i`` of ``ep`` (an _Epoch): the step to continue
-        at, the meters' totals (``seen``: the interval's start, where a stop's read is not to be repeated), the
-        guard's counters, the losses and LRs recorded so far."""
+        """What a mid-epoch checkpoint keeps of the loop after step ``i`` of ``ep`` (``seen``: the open interval's
+        start, where a stop's read is not to be repeated)."""
         dist = self.dist
         return dict(epoch=ep.epoch, step=i + 1,
                     sums=ep.sums.state(seen, dist.rank, dist.world_size, dist.all_reduce_sum),
                     guard=ep.guard.state(), step_losses=[list(p) for p in ep.step_losses],
                     step_lrs=[list(p) for p in ep.step_lrs])
 
-    def autocast(self):
-        p = self.precision
-        return self.device.autocast(p.dtype if p is not None and p.impl == "native" else None)
-
     def _start_epoch(self, step, loader, epoch, steps, carry):
-        """The loop's state for ``epoch`` (an _Epoch), continued from ``carry`` (a mid-epoch checkpoint's position)
-        where given: its sampler skips the batches trained, its meters and the guard's counters go on."""
+        """What the training epoch ``epoch`` keeps between steps, continued from ``carry`` (a mid-epoch checkpoint's
+        position) where given; ``start``: the step it continues at."""
         dev, dist, run = self.device, self.dist, self.run
         start = carry["step"] if carry else 0
         sampler = getattr(loader, "sampler", None)
@@ -162,7 +124,7 @@ class Loops:
         warm = run.fps_warmup_steps
         if step.compiling and not 0 < warm < steps:  # --compile: this epoch's first step compiles
             warm = 1  # the step that compiles is never timed (StepClock times all steps of an epoch this short)
-        return _Epoch(
+        return types.SimpleNamespace(
             epoch=epoch, steps=steps, start=start, sums=sums, guard=guard,
             meters=metrics.LoopMeters(steps, "Epoch: [{}]".format(epoch), restart_at=run.skip_steps),
             clock=metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0, start=start),
@@ -171,18 +133,15 @@ class Loops:
             step_lrs=[tuple(p) for p in carry["step_lrs"]] if carry else [])
 
     def train_one_epoch(self, step, loader, epoch, steps, profiler=None, batch_print=None, carry=None):
-        """One epoch of ``steps`` steps of ``step`` (a TrainStep) over ``loader``; returns its metrics.TrainStats.
-        ``profiler``: --profile-steps' or None;
-        ``batch_print``: --deterministic's fingerprint of the first batches (a callback ``(images, target)``);
-        ``carry``: a mid-epoch checkpoint's ``position`` of this epoch (the loop continues at its step, its meters
-        and the guard's counters as they were)."""
+        """One epoch of ``steps`` steps of ``step`` (a TrainStep) over ``loader``: a metrics.TrainStats.
+        ``batch_print(images, target)``: --deterministic's fingerprint; ``carry``: where a mid-epoch checkpoint
+        left this epoch."""
         dev, dist, rec, run = self.device, self.dist, self.recorder, self.run
         step.model.train()
         self.position = None
         ep = self._start_epoch(step, loader, epoch, steps, carry)
         clock, batch = ep.clock, None
         rec.start_epoch(epoch, steps)
-        several = dist.world_size > 1
         for i, (images, target) in clock.batches(loader, steps, ep.start):
             batch = images.shape[0]
             if batch_print is not None:
@@ -201,7 +160,7 @@ class Loops:
                 for line in self.zoo.first_step(clock.first_seconds[-1]):  # this step's
                     self.log(line)
             regular = i % run.print_freq == 0 or i == steps - 1
-            agreed, due = self._asked() if not several else (0, False)  # one process: this step's boundary
+            agreed, due = self._asked() if dist.world_size == 1 else (0, False)  # one process: this step's boundary
             if regular or self.stop_requested or agreed:
                 agreed, due = self._print_step(step, ep, i, batch, regular, agreed, due)
             if due and not agreed and i + 1 < steps:  # --save-every: a mid-epoch checkpoint, training goes on
@@ -230,11 +189,9 @@ class Loops:
         return stats
 
     def _print_step(self, step, ep, i, batch, regular, signalled, due):
-        """After step ``i`` of ``ep``, at a print step (``regular``) or a stop: one read of the meters, the loss
-        scaler's values and the guard's counters (it syncs the device), the log line and the recorder's point, the
-        guard's check. Several ranks agree there on a stop signal and on --save-every's interval: their flags,
-        max-reduced, travel with the meters. Returns (the stop signal every rank stops for or 0, whether a
-        --save-every checkpoint is due); ``signalled``, ``due``: this process's own (one process)."""
+        """After step ``i``, at a print step (``regular``) or a stop: one read (one sync) of the meters, scaler and
+        guard, where ranks also agree on a stop and on --save-every; the log line, the recorder, the guard's check.
+        Returns (the agreed signal or 0, whether a checkpoint is due); ``signalled``, ``due``: one process's own."""
         dev, dist, rec = self.device, self.dist, self.recorder
         optimizer, steps = step.step.optimizer, ep.steps
         seen = ep.sums.seen()  # a stop between print steps: the checkpoint keeps the interval open
@@ -267,10 +224,9 @@ class Loops:
 
     @torch.no_grad()
     def validate(self, model, loader, criterion, ema=False):
-        """Every image of the validation set counted exactly once (padding masked out); a metrics.EvalStats.
-        ``criterion``: the per-sample loss. --val-tta flip: each image's logits are the mean of its own and its
-        mirror's. ``ema``: ``model`` is --model-ema's average (its own lines: "Test EMA: ", " *   EMA Acc@1 ...")."""
-        dev, dist, rec = self.device, self.dist, self.recorder
+        """Every validation image counted once (padding masked out): a metrics.EvalStats. ``criterion``: per
+        sample; ``ema``: ``model`` is --model-ema's average (lines "Test EMA: ", " *   EMA Acc@1")."""
+        dev, dist, rec, p = self.device, self.dist, self.recorder, self.precision
         model.eval()
         steps = len(loader)
         sums = metrics.Sums(dev)
@@ -279,7 +235,7 @@ class Loops:
         rec.start_epoch(None, steps, phase="val")
         for i, (images, target, valid) in clock.batches(loader, steps):
             x, y, m = self.normalize(images), targets(dev, target), dev.move(valid)
-            with self.autocast():
+            with dev.autocast(p.autocast_dtype if p is not None else None):
                 output = model(x)
                 if self.val_tta == "flip":  # FFCV's lr_tta (which sums; the mean ranks alike): image and mirror
                     output = (output.float() + model(x.flip(3)).float()) / 2

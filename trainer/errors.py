@@ -4,11 +4,7 @@ import sys
 
 
 class UsageError(Exception):
-    """Bad input: a flag, a path, a data set or an environment the user controls.
-
-    The message is one line that names the problem and, where there is one, the fix.
-    ``main.py`` prints it as ``error: <message>`` and exits with code 2.
-    """
+    """Bad input the user controls: one line naming the problem and the fix; ``error: <message>``, exit 2."""
 
     exit_code = 2
 
@@ -18,11 +14,7 @@ class DataError(UsageError):
 
 
 def one_line(exc):
-    """The user-facing line of ``exc``.
-
-    An error raised inside a DataLoader worker reaches the main process re-raised with the
-    worker's whole traceback as its message; its last line holds the original message.
-    """
+    """The user-facing line of ``exc`` (a DataLoader worker's error carries its traceback: the last line's)."""
     text = str(exc).strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) <= 1:
@@ -50,8 +42,7 @@ def run(main_fn, argv=None):
 
 
 def counted(n, word, many=None):
-    """``n`` and ``word`` counted as English counts: "1 image", "2 images", "1 class", "3 classes" (``many``: the
-    plural where adding -s, or -es after s, x and sh, does not make it)."""
+    """"1 image", "2 images", "3 classes" (``many``: an irregular plural)."""
     if n == 1:
         return "{} {}".format(n, word)
     return "{} {}".format(n, many or word + ("es" if word.endswith(("s", "x", "sh")) else "s"))

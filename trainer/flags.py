@@ -1,11 +1,8 @@
-"""The command line's flags, each setting of a run declared once: the config's sections are frozen dataclasses whose
-fields are declared with their flags (``options.setting``: option strings, type, default, help, --help group).
-``build_parser`` makes main.py's parser from them, ``trainer/config.py`` the sections from the parsed flags, and
-``FLAT`` holds the flat names that checkpoints and summaries use. A field without a flag is decided from other flags
-(or set by tools); the flags that fill no field of their own (``CommandLine``: --data, --no-accel, the ModelZoo and
-launch flags that config.py and trainer/job/launch.py read) are declared here too. Adding a flag: one ``setting`` in
-its section, then its use. ``parse_typed`` is the one parse of a command line, which learns the flags it gave;
-``trainer/config.py`` fills in the rest (argparse's defaults, a recipe's, a ModelZoo entry's)."""
+"""Every setting of a run declared once: the config's sections are frozen dataclasses whose fields carry their flags
+(``options.setting``). ``build_parser`` makes main.py's parser from them, trainer/config.py the sections, and ``FLAT``
+holds the flat names checkpoints and summaries use. A field without a flag is decided from others; ``CommandLine``
+declares the flags that fill no field of their own. Adding a flag: one ``setting`` in its section, then its use.
+``parse_typed`` is the one parse of a command line: the flags it gave."""
 import argparse
 import dataclasses
 from typing import Optional, Tuple, Union
@@ -436,18 +433,15 @@ def build_parser():
 
 
 def parse_typed(parser, argv):
-    """The command line parsed, once: {dest: value} of the flags it gave. The parse starts from a namespace with
-    every dest None, so argparse fills in no default (store_true's False, store_false's True, "auto", the numbers)
-    and a dest left None was not given; the parser itself, and so --help, keeps its defaults. (DIR, the one
-    positional, which argparse sets to its default when absent, defaults to None.)"""
+    """{dest: value} of the flags the command line gave: parsed into a namespace of Nones, so argparse fills in no
+    default and a dest left None was not given (the parser, and so --help, keeps its defaults)."""
     dests = {a.dest for a in parser._actions if a.dest is not argparse.SUPPRESS} | set(parser._defaults)
     ns = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(dests)))
     return {k: v for k, v in vars(ns).items() if v is not None}
 
 
 def own_defaults(parser):
-    """{dest: the value argparse fills in where its flag is not given}: the first action's default (then
-    ``set_defaults``' values)."""
+    """{dest: the value argparse fills in where its flag is not given}."""
     out = {}
     for a in parser._actions:
         if a.default is not argparse.SUPPRESS and a.dest is not argparse.SUPPRESS:

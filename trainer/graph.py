@@ -1,13 +1,9 @@
-"""Graph mode (--compile): the model the training loop calls, compiled by the device's graph backend.
+"""Graph mode (--compile): the training model compiled by the device's graph backend (inductor, torchair on NPU).
 
-``wrap`` asks the device for its compiled model (torch.compile's inductor on CUDA and CPU, torchair on NPU:
-trainer/device/). Compiling happens when the compiled model is first called, so the engine runs its first
-training step through ``Graph.first_step``: that step is timed apart (``compile_seconds``; the FPS warm-up
-leaves it out), and where it fails, the buffers the failed step changed are put back, one ``note:`` says why, and
-the run trains eagerly from the same step on.
-
-Only the training forward and its backward are compiled. The weights stay those of the eager model (checkpoints
-hold its state dict: no ``_orig_mod.`` prefix), and validation calls the eager model.
+Compiling happens at the first call, so the engine runs the first step through ``Graph.first_step``: timed apart
+(``compile_seconds``, out of FPS); where it fails, the buffers it changed are put back, a ``note:`` says why and the
+run trains eagerly from the same step. Only training forward and backward compile; checkpoints hold the eager
+model's state dict (no ``_orig_mod.`` prefix) and validation calls the eager model.
 """
 import time
 
@@ -17,8 +13,8 @@ from trainer.device import out_of_memory
 
 
 class Graph:
-    """The model as the training loop calls it: ``graph(x)``, ``graph.train()``. ``eager``: the model (wrapped in
-    DDP where distributed); ``bare``: the module that holds the weights and buffers."""
+    """The model as the training loop calls it. ``eager``: the model (in DDP where distributed); ``bare``: the
+    module holding the weights."""
 
     def __init__(self, eager, bare, compiled=None, backend=None, mode=None, requested=False, note=None):
         self.eager, self.bare, self.compiled = eager, bare, compiled
@@ -44,10 +40,8 @@ class Graph:
         return "compiled" if self.compiled is not None else "eager"
 
     def first_step(self, step, device, log):
-        """``step()`` (the loop's forward, loss and optimizer step; returns what it returns) as the step that
-        compiles: timed from a device synchronisation to the next. Where it fails, the BatchNorm statistics it
-        moved are put back, and ``step()`` runs again, eagerly (the optimizer had not stepped: a failure to compile
-        the backward comes out of ``loss.backward()``)."""
+        """``step()`` as the step that compiles, timed between two device syncs. Where it fails, the BatchNorm
+        statistics it moved are put back and it runs again eagerly (the optimizer had not stepped)."""
         self.pending = False
         if self.compiled is None:
             return step()
@@ -85,8 +79,8 @@ def _first_line(exc):
 
 
 def wrap(model, bare, device, section, log):
-    """The Graph the training loop calls: ``model`` itself without --compile (``section``: the model section),
-    else the device's compiled model (eager, with a note, where the device has no graph backend or refuses)."""
+    """The Graph the loop calls: ``model`` without --compile, else the device's compiled model (eager, with a note,
+    where the device has no graph backend or refuses)."""
     if not section.compile:
         return Graph(model, bare)
     try:

@@ -1,8 +1,6 @@
-"""Divergence guard: a run whose loss is no longer finite, or whose loss scaler skips step after step,
-stops on every rank with status ``diverged`` (exit code 4) before any checkpoint takes its weights.
-
-The counters live on the device and are read (and reduced over ranks) only where the engine reads
-its meters, in the same transfer: at print steps and at the end of an epoch. No host sync of its own.
+"""Divergence guard: a non-finite loss, or a loss scaler that skips step after step, stops every rank with status
+``diverged`` (exit code 4) before a checkpoint takes the weights. The device counters are read with the engine's
+meters, in the same transfer: no host sync of their own.
 """
 import torch
 
@@ -38,9 +36,7 @@ class Guard:
 
     def __init__(self, device):
         self.device = device
-        self.stats = device.move(torch.tensor([0.0, 0.0, -_NO_STEP]))
-        self._run = device.move(torch.zeros(()))
-        self._seen = device.move(torch.zeros(()))
+        self.restore([0.0, 0.0, -_NO_STEP, 0.0, 0.0])  # no step seen yet
 
     def observe(self, loss, found):
         """One training step: its loss (device scalar) and the scaler's overflow flag (tensor, int or None)."""
@@ -66,17 +62,12 @@ class Guard:
         self._seen = self.device.move(torch.tensor(values[4]))
 
     def reduced(self, dist):
-        """The counters, the max over ranks, as a device tensor: for ``check``'s ``values``, read in the same
-        transfer as the meters (metrics.Sums.read's ``extras``)."""
+        """The counters, max over ranks, on the device (read with the meters: metrics.Sums.read's ``extras``)."""
         return dist.all_reduce_max(self.stats.clone())
 
     def check(self, dist, epoch, lr_at, loss_scale=lambda: None, values=None):
-        """Raise ``Diverged`` if any rank saw a non-finite loss or too long an overflow run.
-
-        ``lr_at(step)`` gives the LR of a 0-based step of this epoch; ``loss_scale()`` the current scale;
-        ``values``: the host values of ``reduced(dist)`` where the caller read them already (else read here:
-        one host sync).
-        """
+        """Raise ``Diverged`` if any rank saw a non-finite loss or too long an overflow run. ``lr_at(step)``: the LR
+        of a 0-based step of this epoch; ``values``: ``reduced(dist)`` as read already (else read here: one sync)."""
         if values is None:
             values = self.reduced(dist).tolist()
         nonfinite, run, neg_first = (float(v) for v in values)

@@ -1,28 +1,18 @@
-"""The checks of a run's inputs that need no torch, made before torch is imported (seconds on every start): the data
-set's folders and classes, the files named (--pretrained FILE, --resume FILE), the output folder.
-
-``check(cfg)`` is the first step of the plan (trainer/plan.py); main.py calls it right after parsing, before it
-imports the rest of the trainer (torch), and the plan then finds it done for the same config. Nothing here
-imports torch (tests/test_startup.py holds it).
+"""The checks of a run's inputs that need no torch (the data set's folders and classes, the files named, the output
+folder): main.py calls ``check(cfg)`` before importing torch, and the plan finds it done for the same config.
 """
 import os
-from typing import NamedTuple, Optional
 
 from trainer import data
 from trainer.errors import UsageError
-
-
-class Inputs(NamedTuple):
-    """What the checks found: the data's class folders (None with --dummy)."""
-    classes: Optional[int] = None
 
 
 _checked = (None, None)  # (the config last checked, what was found): the plan of the same config reuses it
 
 
 def check(cfg):
-    """The inputs of the run ``cfg`` asks for, checked (UsageError, one line, on the first problem); returns
-    Inputs."""
+    """The inputs of ``cfg`` checked (UsageError on the first problem): the number of the data's class folders (None
+    with --dummy)."""
     global _checked
     if _checked[0] is cfg:
         return _checked[1]
@@ -48,6 +38,5 @@ def check(cfg):
     if os.path.exists(run.output_dir) and not os.path.isdir(run.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(run.output_dir))
 
-    found = Inputs(classes)
-    _checked = (cfg, found)
-    return found
+    _checked = (cfg, classes)
+    return classes

@@ -1,9 +1,6 @@
-"""Which Python runs the project. main.py, the tools and the drivers (test/common.sh) are run as ``python3 ...``;
-a Python that lacks the packages an entry point imports (torch, torchvision, ...) stops it in one ``error:`` line,
-exit 2, naming the Python to use: the repository's .venv (made by ``make install``) where it exists, else
-``make install``. It runs before anything that needs them is imported: the standard library only.
-
-    python3 -m trainer.interpreter     # exit 0 where this Python has the trainer's packages, else the line
+"""Which Python runs the project: a Python without the packages an entry point imports stops in one ``error:``
+line, exit 2, naming the one to use (the repository's .venv, else ``make install``). The standard library only.
+``python3 -m trainer.interpreter`` exits 0 where this Python has them.
 """
 import importlib.util
 import os
@@ -17,23 +14,14 @@ PROJECT = "trainer"  # importable from any folder once the project is installed 
 
 def missing(names=PACKAGES):
     """The names of ``names`` this Python cannot import (found, not imported: milliseconds)."""
-    lack = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            lack.append(name)
-    return lack
+    return [name for name in names if not _found(name)]
 
 
-def venv_python():
-    """The repository's .venv/bin/python, or None where there is none or it is the Python running."""
-    path = os.path.join(VENV, "bin", "python")
-    if not os.access(path, os.X_OK) or os.path.realpath(sys.prefix) == os.path.realpath(VENV):
-        return None
-    return path
+def _found(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def problem(names=PACKAGES):
@@ -52,13 +40,12 @@ def problem(names=PACKAGES):
 
 
 def fix():
-    """What to do about it: the Python to use."""
-    use = venv_python()
-    if use is not None:
-        return "run it with {} (or `source {}` first)".format(use, os.path.join(VENV, "bin", "activate"))
+    """What to do about it: the Python to use (the repository's .venv, where it is not the Python running)."""
+    python = os.path.join(VENV, "bin", "python")
+    if os.access(python, os.X_OK) and os.path.realpath(sys.prefix) != os.path.realpath(VENV):
+        return "run it with {} (or `source {}` first)".format(python, os.path.join(VENV, "bin", "activate"))
     if os.path.isfile(os.path.join(ROOT, "Makefile")):
-        return "run `make install` in {} (it makes .venv with them), then run it with {}".format(
-            ROOT, os.path.join(VENV, "bin", "python"))
+        return "run `make install` in {} (it makes .venv with them), then run it with {}".format(ROOT, python)
     return "install requirements.txt's packages into it, or run it with a Python that has them"
 
 

@@ -1,6 +1,5 @@
-"""Options declared as dataclass fields (``setting``: a field with its flag's option strings, type, help and --help
-group) and the argparse parser made from them (``make_parser``: trainer/flags.py declares main.py's); the value
-parsers of those flags; ``UsageParser`` and ``number``, which the tools' parsers use too."""
+"""Options declared as dataclass fields (``setting``) and the argparse parser made from them (``make_parser``);
+the flags' value parsers; ``UsageParser`` and ``number``, which the tools' parsers use too."""
 import argparse
 import dataclasses
 import itertools
@@ -11,8 +10,7 @@ from trainer.errors import UsageError
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """``--help`` with each option's default, except where it says nothing: a switch (``--amp``,
-    ``--no-validate``: its help says what it does, "(default: True)" only confuses) and an option left unset."""
+    """``--help`` with each option's default, except a switch's and an unset option's."""
 
     def _get_help_string(self, action):
         if isinstance(action.const, bool) or action.default is None:
@@ -56,18 +54,14 @@ DYNAMIC = "dynamic"  # --loss-scale dynamic (or -1): a dynamic loss scale asked 
 
 
 def parse_loss_scale(text):
-    """``dynamic`` (or -1, the Ascend guides' parser's "-1 means dynamic") -> ``DYNAMIC``; a positive number ->
-    float."""
-    if str(text).lower() == DYNAMIC:
-        return DYNAMIC
+    """``dynamic`` or -1 (the Ascend guides') -> ``DYNAMIC``; a positive number -> float."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
-    if value == -1:
+        value = float("nan")  # not a number: refused below
+    if str(text).lower() == DYNAMIC or value == -1:
         return DYNAMIC
-    if not value > 0 or value == float("inf"):
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(
             "--loss-scale must be a positive number, or 'dynamic' (or -1), got '{}'".format(text))
     return value
@@ -82,8 +76,7 @@ def parse_device_list(text):
         if not m:
             raise argparse.ArgumentTypeError(
                 "--device-list: '{}' is not a device id or range (use e.g. 0-7, 0,1,2,3 or 0-3,6)".format(part))
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise argparse.ArgumentTypeError(
                 "--device-list: range '{}' runs backwards (write {}-{})".format(part, hi, lo))
@@ -118,27 +111,23 @@ _ORDER = itertools.count()  # the order of the declarations: the parser's, withi
 
 
 def setting(*names, default=None, group, dest=None, off=None, flag_default=dataclasses.MISSING, **kwargs):
-    """A dataclass field declared with its flag: ``names``, the option strings (none: a positional, named by its
-    dest); ``group``, the key of its --help group; ``dest``, the parsed name where it is not the field's; ``off``,
-    (option string, help) of the switch that sets the opposite (``--no-amp``); ``flag_default``, what argparse
-    fills in where the field's default is decided from other flags; the rest, add_argument's (type, choices,
-    metavar, help, ...)."""
+    """A dataclass field declared with its flag: ``names`` (none: a positional), its --help ``group``, ``dest`` where
+    not the field's name, ``off`` (option, help) of the opposite switch, ``flag_default`` where argparse's default
+    differs from the field's; the rest go to add_argument."""
     flag = dict(names=names, group=group, dest=dest, off=off, flag_default=flag_default, kwargs=kwargs,
                 order=next(_ORDER))
     return dataclasses.field(default=default, metadata={"flag": flag})
 
 
 def declared(*classes):
-    """(dest, field, declaration) of each field of ``classes`` declared with ``setting``, in declaration order (a
-    positional first)."""
+    """(dest, field, declaration) of each ``setting`` field of ``classes``, in declaration order (positional first)."""
     out = [(f.metadata["flag"]["dest"] or f.name, f, f.metadata["flag"])
            for cls in classes for f in dataclasses.fields(cls) if "flag" in f.metadata]
     return sorted(out, key=lambda d: (bool(d[2]["names"]), d[2]["order"]))  # a positional first
 
 
 def make_parser(classes, groups, **kwargs):
-    """A ``UsageParser`` (``kwargs``: its prog, description, epilog) of the flags ``classes`` declare, in
-    ``groups`` ((key, title, description) in --help order) and in declaration order within each."""
+    """A ``UsageParser`` of the flags ``classes`` declare, in ``groups`` ((key, title, description)) order."""
     p = UsageParser(formatter_class=HelpFormatter, **kwargs)
     made = {key: p.add_argument_group(title, description) for key, title, description in groups}
     rank = {key: n for n, (key, _, _) in enumerate(groups)}  # group by group: the usage line follows --help

@@ -1,17 +1,12 @@
 """A run, decided once: ``plan(cfg, env) -> Plan``, read top to bottom like a checklist.
 
-The ``Config`` holds what the command line asked (None: not given). ``plan`` decides everything that follows from
-it and from this machine, in the order a reader expects, and checks every input of the run that parsing could
-not: the device kind, where the processes sit (their batch, the process group's backend, the rendezvous), precision,
-graph mode, the data set, the weights, the checkpoint to resume (read here, once per process), whether those files
-fit the model, the memory format, the output folder. What it decided travels in the ``Plan``; the notes on it
-(``note:`` lines, summary.json's "notes") are a field. Nothing here starts a process or touches a device; the one
-file it may write is torchvision's published weights (``--pretrained`` alone), downloaded into torch's cache.
+``plan`` decides what follows from the ``Config`` (what was asked) and this machine, and checks every input parsing
+could not: device kind, placement, precision, graph mode, data set, weights, the checkpoint to resume (read once per
+process), whether those files fit the model, memory format. It starts no process and touches no device; the one file
+it may write is torchvision's published weights (``--pretrained`` alone), into torch's cache.
 
-A ``Plan`` answers as the config does (``plan.run.epochs``, ``plan.launch.world_size``): the sections it decided
-(``launch``, ``model``, ``precision``, ``run``'s batch and, for ``-e --resume``, ``data``'s validation sizes) carry
-the decisions, the others are the config's as asked; ``plan.cfg`` is the config untouched and ``plan.as_dict()``
-what checkpoints and summaries record under "config".
+A ``Plan`` answers as the config does (``plan.run.epochs``): the sections it decided carry the decisions, the others
+are the config's; ``plan.cfg`` is the config untouched, ``plan.as_dict()`` what checkpoints record as "config".
 """
 import dataclasses
 import os
@@ -29,8 +24,7 @@ from trainer.errors import UsageError, counted
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One run's facts, decided by ``plan``. Spawned ranks get the plan of their place (``placed``). Besides its
-    fields, a plan has the config's ``optim`` as an attribute (and ``data``, ``run`` where not decided)."""
+    """One run's facts, decided by ``plan``; ``optim`` (and ``data``, ``run`` where not decided) are the config's."""
     cfg: Config  # what was asked
     kind: str  # the device kind (npu | cuda | cpu)
     launch: LaunchConfig  # the config's, with the kind, the backend and this process's place and device decided
@@ -53,8 +47,7 @@ class Plan:
         return {name: getattr(getattr(self, section), field) for name, (section, field) in FLAT.items()}
 
     def placed(self, **place):
-        """This plan for a process at another place of the job (``LaunchConfig`` fields: a spawned rank's), its
-        device the one that place gives."""
+        """This plan for a process at another place of the job (a spawned rank's ``LaunchConfig`` fields)."""
         section = dataclasses.replace(self.launch, **place)
         section = dataclasses.replace(section, device_index=launch.device_index(section))
         return dataclasses.replace(self, launch=section)
@@ -67,15 +60,13 @@ def check_arch(name):
 
 
 def plan(cfg, env=None, notes=()):
-    """The run ``cfg`` asks for, decided and checked on this machine (``env``: the environment the checks name,
-    os.environ by default; the device runtime reads the process's own; ``notes``: parsing's, the plan's first).
+    """The run ``cfg`` asks for, decided and checked here (``env``: os.environ by default; ``notes``: parsing's).
     Raises UsageError (one line) on anything that cannot run."""
     run = cfg.run
     notes = list(notes)
 
-    # the inputs that need no torch: the data set's folders and classes, the files named, the output folder
-    # (trainer/inputs.py; main.py checks them before torch is imported)
-    found = inputs.check(cfg).classes
+    # the inputs that need no torch: the data set, the files named, the output folder (trainer/inputs.py)
+    found = inputs.check(cfg)
 
     # the network asked for exists, and takes the options given
     check_arch(cfg.model.arch)
@@ -166,8 +157,8 @@ def _graph(cfg, device_class):
 
 
 def _data(cfg, section, found):
-    """(the run section, its batch fitted to the data set; the classifier's size and where it came from; notes):
-    ``found``, the data's class folders (inputs.check); ``section``, the launch settled."""
+    """(run section with the batch fitted to the data, classifier size, where it came from, notes); ``found``: the
+    class folders (inputs.check)."""
     run, notes = cfg.run, []
     num_classes, classes_from = cfg.model.num_classes, "--num-classes"
     if not cfg.data.dummy:
@@ -187,7 +178,6 @@ def _data(cfg, section, found):
     elif num_classes is None:
         num_classes, classes_from = 1000, "--dummy data"
     return run, num_classes, classes_from, notes
-
 
 
 def _weights(model):
@@ -214,15 +204,13 @@ def _model_ema(cfg, run, resume):
         checkpoint.ema_state_dict_of(resume.load(), resume.path)
     return notes
 
+
 def _checkpoint_sizes(asked, saved, path):
-    """(data section, note or None) for ``-e --resume`` without a size flag: the validation sizes the checkpoint
-    records (its run's "config"), where they differ from the defaults."""
+    """(data section, note or None) for ``-e --resume`` without a size flag: the checkpoint's validation sizes."""
     sizes = {k: saved.get(k) for k in ("val_resize_size", "val_crop_size")}
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes.values()) or \
-            sizes["val_crop_size"] > sizes["val_resize_size"]:
-        return asked, None
     now = (asked.val_resize_size, asked.val_crop_size)
-    if now == (sizes["val_resize_size"], sizes["val_crop_size"]):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes.values()) or \
+            sizes["val_crop_size"] > sizes["val_resize_size"] or now == tuple(sizes.values()):
         return asked, None
     return dataclasses.replace(asked, **sizes), (
         "-e evaluates '{}' at the sizes its run validated at, --val-resize-size {} --val-crop-size {} (not {} / {}); "

@@ -1,34 +1,12 @@
-"""Recipes as data (``trainer/recipes.json``) and the one rule that adapts a recipe to a device count,
-used by ``main.py --recipe`` and by the ModelZoo drivers alike.
+"""Recipes as data (``trainer/recipes.json``) and the one rule that adapts a recipe to a device count, used by
+``main.py --recipe`` and the ModelZoo drivers alike (``python3 -m trainer.recipes list | show NAME | get NAME KEY``).
 
-    python3 -m trainer.recipes list | show NAME | get NAME KEY
-
-The rule (``scale``), for a recipe written for ``rank_size`` devices run on N:
-  batch    the recipe's per-device batch is kept: global batch = recipe batch x N / rank_size
-  lr       linear in the global batch: recipe lr x batch / recipe batch (unchanged at the recipe's batch)
-  workers  per node, in proportion: recipe workers x N / rank_size (the same number per process)
-  warm-up  the recipe's epochs, unless a run is shorter than them: then the same fraction of the run
-Values given explicitly always win; the rule fills in only what was not given.
-
-Recipes with ``"rule": "ffcv"`` (FFCV's ResNet configurations, ``resnet50_ffcv_16`` ... ``resnet18_ffcv_88``, and
-``fast``) are then placed for the run (``ffcv_rule``), as FFCV's own configurations are for their epoch budgets:
-  lr peak      epoch 2, or an eighth of the run when that is sooner (every FFCV configuration: 2)
-  ramp         --start-ramp round(3E/4) - 1, --end-ramp round(7E/8) - 1 for E epochs (FFCV's configurations for
-               16, 24, 32, 40, 56 and 88 epochs all follow it: 16 -> 11, 13; 88 -> 65, 76), at most E - 2 and E - 1,
-               so that the last epoch trains at the final size (2 -> 0, 1); one epoch: no ramp, the final size
-               throughout
-  a size       a --train-crop-size C given is the last training size: the ramp rises to --max-res C from
-               --min-res the largest multiple of 32 at or below FFCV's 160/192 of C (C 192 -> 160, 224 -> 160,
-               64 -> 32); where C is not a multiple of 32, or that is under 32 (C 32), C throughout. The test
-               size scales with C: --val-crop-size round(C x FFCV_TEST_RATIO) (FFCV's 256 after training ends at
-               192: 192 -> 256, 160 -> 213, 128 -> 171) from 128 px on, C below (a stride-32 network's last map
-               would grow from 1 x 1 to 2 x 2 at 32 px: measured, a loss of 29 points on the digits); the resize
-               follows (--val-resize-size's default)
-  device       --amp where the device computes in half precision (NPU, CUDA); --channels-last on CUDA (elsewhere
-               the device's memory format: a CPU's is already NHWC, an NPU's NCHW)
-``fast`` takes every value from the recipe its -a maps to (``base``: the bottleneck ResNets resnet50_ffcv_16's,
-any other network resnet18_ffcv_16's) but the network (the run's -a); its epochs are that recipe's 16 unless
---epochs is given. A network other than a ResNet trains without --blurpool (it is a ResNet rewrite).
+``scale``, for a recipe written for ``rank_size`` devices run on N: the per-device batch is kept, the LR is linear in
+the global batch, workers per node in proportion, the warm-up the recipe's unless the run is shorter (then the same
+fraction). Recipes with ``"rule": "ffcv"`` (and ``fast``) are then placed for the run's epochs as FFCV's own
+configurations are (``ffcv_rule``: LR peak, resolution ramp, sizes for a --train-crop-size given), and
+``device_rule`` keeps --amp / --channels-last where the device gains from them. The rules, with FFCV's figures:
+docs/MODELZOO.md, "Defaults: recipes as data" and "Short schedules". Values given explicitly always win.
 """
 import fnmatch
 import json
@@ -36,7 +14,7 @@ import math
 import os
 import sys
 
-from trainer import device_names
+from trainer import device_names, errors
 from trainer.options import parse_loss_scale
 from trainer.errors import UsageError
 
@@ -53,9 +31,12 @@ FFCV_TEST_RATIO = 256.0 / 192.0
 BELOW_MEASURED = ("on the digits it trained better than pytorch/examples' 0.1 and the square-root rule at batches "
                   "32 and 64, and a lower --lr better still at 32, 64 and 256 (docs/BENCHMARKS.md, \"The LR at "
                   "batches FFCV did not publish\")")
+ABOVE_UNMEASURED = ("not measured here; plain SGD loses accuracy at batches of roughly 8k and more, where --optimizer "
+                    "lars is the choice")  # the linear LR rule at batches above FFCV's (scaled_lr)
 # the resolution schedule's sizes: trainer/data/resolution.py's MULTIPLE, repeated here because importing
 # trainer.data imports torch and this module is read before torch is (modelzoo/plan.py)
 MULTIPLE = 32
+RAMP = ("min_res", "max_res", "start_ramp", "end_ramp")  # the resolution schedule's keys
 
 
 def _table():
@@ -75,9 +56,9 @@ def get(name):
 
 
 def scale(name, ranks, explicit=None):
-    """(values, notes): the recipe's batch_size, lr, workers, warmup_epochs and epochs for ``ranks``
-    processes; ``explicit`` maps those keys to values given explicitly, which win."""
-    r, given = get(name), dict(explicit or {})
+    """(values, notes): the recipe's batch_size, lr, workers, warmup_epochs, epochs for ``ranks`` processes;
+    ``explicit``: values given, which win."""
+    r, given = get(name), {k: v for k, v in (explicit or {}).items() if v is not None}
     r_ranks = int(r.get("rank_size", 1))
     notes = []
     batch = given.get("batch_size")
@@ -97,9 +78,7 @@ def scale(name, ranks, explicit=None):
     workers = given.get("workers")
     if workers is None and "workers" in r:
         workers = r["workers"] * ranks // r_ranks
-    epochs = given.get("epochs")
-    if epochs is None:
-        epochs = r["epochs"]
+    epochs = given.get("epochs", r["epochs"])
     warmup = given.get("warmup_epochs")
     r_warmup = r.get("warmup_epochs", 0)
     if warmup is None:
@@ -115,8 +94,7 @@ def scale(name, ranks, explicit=None):
 
 
 def published_batches(name):
-    """(lowest, highest) global batch the source of recipe ``name`` published an LR for, where the recipe follows a
-    source's rule (``"rule": "ffcv"``: the batches of FFCV's configurations, 1024 and 4096), else None."""
+    """(lowest, highest) global batch the source of a rule recipe published an LR for (FFCV: 1024, 4096), or None."""
     rule = get(name).get("rule")
     if rule is None:
         return None
@@ -125,9 +103,8 @@ def published_batches(name):
 
 
 def scaled_lr(name, batch):
-    """(lr, note or None): recipe ``name``'s LR at global ``batch``, linear in the batch (Goyal et al.'s rule:
-    between FFCV's published batches as FFCV's own pair is, 0.5 for 1024 and 1.7 for 4096; below them the rule
-    measured on the digits, BELOW_MEASURED; above them not measured here), and the note naming the rule."""
+    """(lr, note or None): ``name``'s LR at global ``batch``, linear in the batch (Goyal et al.; FFCV's own pair is
+    0.5 at 1024, 1.7 at 4096), and the note naming the rule and what was measured of it."""
     r = get(name)
     if batch == r["batch_size"]:
         return r["lr"], None
@@ -137,17 +114,13 @@ def scaled_lr(name, batch):
     published = published_batches(name)
     if published is None or published[0] <= batch <= published[1]:
         return lr, note
-    if batch < published[0]:
-        return lr, note + (" (the linear rule below the batches FFCV published, {} to {}: {})".format(
-            published[0], published[1], BELOW_MEASURED))
-    return lr, note + (" (the linear rule above the batches FFCV published, {} to {}: not measured here; plain SGD "
-                       "loses accuracy at batches of roughly 8k and more, where --optimizer lars is the choice)"
-                       .format(published[0], published[1]))
+    side, what = ("below", BELOW_MEASURED) if batch < published[0] else ("above", ABOVE_UNMEASURED)
+    return lr, note + " (the linear rule {} the batches FFCV published, {} to {}: {})".format(
+        side, published[0], published[1], what)
 
 
 def base_of(name, arch):
-    """The recipe whose values ``name`` takes for network ``arch``: ``name`` itself, or the first of its ``base``
-    entries whose patterns match ``arch``."""
+    """The recipe whose values ``name`` takes for ``arch``: itself, or its first ``base`` entry matching ``arch``."""
     bases = get(name).get("base")
     if not bases:
         return name
@@ -158,9 +131,8 @@ def base_of(name, arch):
 
 
 def ffcv_ramp(epochs):
-    """(start_ramp, end_ramp) for a run of ``epochs``, as FFCV's configurations place them, and never so late that
-    the last epoch misses the final size (start_ramp at most epochs - 2, end_ramp at most epochs - 1); None for a
-    run of one epoch (no ramp: the final size throughout)."""
+    """(start_ramp, end_ramp) for ``epochs`` as FFCV places them (round(3E/4) - 1, round(7E/8) - 1), at most
+    E - 2 and E - 1 so the last epoch trains at the final size; None for one epoch (no ramp)."""
     def rounded(x):
         return max(0, int(math.floor(x + 0.5)))
     if epochs < 2:
@@ -169,21 +141,14 @@ def ffcv_ramp(epochs):
             max(0, min(rounded(0.875 * epochs) - 1, epochs - 1)))
 
 
-def ffcv_test_size(crop):
-    """The test size ``--recipe fast`` gives a --train-crop-size ``crop``: FFCV's (``FFCV_TEST_RATIO`` of it) from
-    ``SCALED_TEST_FROM`` px on, ``crop`` itself below."""
-    return int(math.floor(crop * FFCV_TEST_RATIO + 0.5)) if crop >= SCALED_TEST_FROM else crop
-
-
 def ffcv_peak(epochs, peak=2.0):
     """The LR peak of a run of ``epochs``: ``peak`` (FFCV's 2), or an eighth of the run when that is sooner."""
     return float(min(peak, epochs / 8.0))
 
 
 def ffcv_sizes(crop, recipe):
-    """(min_res, max_res) of the ramp a rule-ffcv ``recipe`` runs up to a --train-crop-size ``crop`` given: FFCV's
-    min_res / max_res of it, down to a multiple of 32; None where that leaves no ramp (``crop`` not a multiple of
-    32, or the low size under 32)."""
+    """(min_res, max_res) of the ramp up to a --train-crop-size ``crop``: FFCV's min_res / max_res of it, down to a
+    multiple of 32; None where that leaves no ramp."""
     low = int(crop * recipe["min_res"] // recipe["max_res"]) // MULTIPLE * MULTIPLE
     if crop % MULTIPLE or low < MULTIPLE or low >= crop:
         return None
@@ -191,8 +156,7 @@ def ffcv_sizes(crop, recipe):
 
 
 def ffcv_rule(recipe, values, given):
-    """``values`` (a rule-ffcv recipe's, scaled) placed for the run: the LR peak and the resolution ramp for its
-    epochs, the sizes for a --train-crop-size given."""
+    """``values`` (a rule-ffcv recipe's, scaled) placed for the run: LR peak, ramp, sizes for a crop size given."""
     values = dict(values)
     epochs = values["epochs"]
     if epochs != recipe["epochs"]:
@@ -200,28 +164,25 @@ def ffcv_rule(recipe, values, given):
         ramp = ffcv_ramp(epochs)
         if ramp is None:  # one epoch: no ramp, the last size throughout
             values["train_crop_size"] = values["max_res"]
-            for dest in ("min_res", "max_res", "start_ramp", "end_ramp"):
-                values.pop(dest, None)
+            values = {k: v for k, v in values.items() if k not in RAMP}
         else:
             values["start_ramp"], values["end_ramp"] = ramp
     if "train_crop_size" in given:
         crop = int(given["train_crop_size"])
         sizes = ffcv_sizes(crop, recipe) if "start_ramp" in values else None
         if sizes is None:
-            for dest in ("min_res", "max_res", "start_ramp", "end_ramp"):
-                values.pop(dest, None)
+            values = {k: v for k, v in values.items() if k not in RAMP}
         else:  # the ramp scaled to end at the size given (trainer/config.py keeps a recipe's schedule ending there)
             values["min_res"], values["max_res"] = sizes
         # FFCV's higher test size scaled with the training size; below SCALED_TEST_FROM px (a stride-32 network's
         # last map under 4 x 4) the test size is the training size: on the digits at 32 px a model validated at
         # 37 px scored 62.4 % Acc@1, at 32 px 91.4 % (docs/BENCHMARKS.md, "Why 96 px")
-        values["val_crop_size"] = ffcv_test_size(crop)
+        values["val_crop_size"] = int(math.floor(crop * FFCV_TEST_RATIO + 0.5)) if crop >= SCALED_TEST_FROM else crop
     return values
 
 
 def device_rule(values, kind, given=()):
-    """A recipe's --amp kept where the device ``kind`` computes in half precision (NPU, CUDA), its --channels-last
-    on CUDA (elsewhere the device's own memory format). Returns (values, notes)."""
+    """A recipe's --amp kept on NPU and CUDA, its --channels-last on CUDA. Returns (values, notes)."""
     values, notes = dict(values), []
     if kind not in device_names.AMP_KINDS and values.pop("amp", None) and "amp" not in given:
         notes.append("the recipe's --amp is for NPU and CUDA devices: this {} run trains in float32 (--amp asks "
@@ -239,9 +200,8 @@ def _flag_text(dest, value):
 
 
 def flag_defaults(name, ranks, explicit=None, ns=None):
-    """(main.py defaults from the recipe scaled to ``ranks``, notes); keys are argparse destinations.
-    ``explicit``: the flags given (dest -> value), which win; ``ns``: the parsed flags as they stand (-a for
-    ``base``, --device for ``device_rule``)."""
+    """(main.py defaults from the recipe scaled to ``ranks``, by dest; notes). ``explicit``: the flags given, which
+    win; ``ns``: the parsed flags as they stand (-a, --device)."""
     given = dict(explicit or {})
     recipe = get(name)
     source = base_of(name, getattr(ns, "arch", None) or recipe.get("arch", "")) if recipe.get("base") else name
@@ -274,8 +234,7 @@ def _blurpool_applies(arch, ns):
 
 
 def _device_kind(ns):
-    """The device kind the run will train on (``--device``, auto resolved), or None where it cannot be told
-    (the plan then says why)."""
+    """The device kind ``--device`` resolves to, or None where it cannot be told (the plan then says why)."""
     if ns is None:
         return None
     from trainer.device import Device
@@ -286,14 +245,12 @@ def _device_kind(ns):
 
 
 def expectation(name, arch, epochs):
-    """(recipe name, its "expect" entry) for a run of network ``arch`` and ``epochs`` trained with --recipe
-    ``name``: the recipe's own, or for a recipe with ``base`` (fast) the named recipe of the same rule, network
-    and epochs. UsageError where the published figure does not apply to such a run."""
+    """(recipe name, its "expect" entry) for ``arch`` and ``epochs`` trained with --recipe ``name`` (for ``fast``:
+    the named recipe of its rule, network and epochs); UsageError where no published figure applies."""
     recipe = get(name)
     if recipe.get("base"):
         table = _table()
-        for other in sorted(table):
-            r = table[other]
+        for other, r in sorted(table.items()):
             if (r.get("expect") and r.get("rule") == recipe.get("rule") and r.get("arch") == arch
                     and r.get("epochs") == epochs):
                 return other, dict(r["expect"])
@@ -327,8 +284,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except UsageError as exc:
-        sys.stderr.write("error: {}\n".format(exc))
-        sys.exit(2)
+    sys.exit(errors.run(main, sys.argv[1:]))

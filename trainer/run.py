@@ -1,10 +1,7 @@
-"""The run, top to bottom (pytorch/examples' main -> main_worker):
-
-    run(cfg)       decide the run once (trainer/plan.py: every check before any rank starts: one line, exit 2),
-                   take the output folder, then one worker per device (spawn) or this process as the one worker
-    worker(plan)   one rank: the device first (an Ascend rule), the process group, then a Trainer
-                   (trainer/trainer.py) that trains or evaluates; every outcome becomes a summary status and an
-                   exit code here
+"""The run, top to bottom (pytorch/examples' main -> main_worker): ``run(cfg)`` plans it (every check before any rank
+starts), takes the output folder, then starts one worker per device (spawn) or is the one worker; ``worker(plan)``
+is one rank: the device first (an Ascend rule), the process group, a Trainer; every outcome becomes a summary
+status and an exit code here.
 """
 import dataclasses
 import functools
@@ -25,9 +22,8 @@ from trainer.trainer import Trainer
 
 
 def run(cfg, notes=(), amp_timer=None, env=None):
-    """Entry point after parsing (``notes``: parsing's, as ``parse_config`` returned them): returns the process
-    exit code. ``amp_timer``: the timing function of the --amp dtype probe (precision/amp_probe.py ``time_steps`` by
-    default); ``env``: the environment the plan reads (os.environ by default)."""
+    """Entry point after parsing (``notes``: parsing's): the exit code. ``amp_timer``: the --amp dtype probe's timer;
+    ``env``: the environment the plan reads (os.environ by default)."""
     plan = make_plan(cfg, env, notes)
     held_lock, plan = folders.hold_folder(plan)  # the process that starts rank 0 holds --output-dir
     try:
@@ -43,9 +39,8 @@ def run(cfg, notes=(), amp_timer=None, env=None):
 
 
 def worker(plan, amp_timer=None):
-    """One process (one rank) of ``plan``. Returns its exit code: 0 ok, 2 a user error (one line), 4 diverged,
-    128 + the signal's number when SIGINT (130), SIGTERM (143) or SIGUSR1 stopped it (trainer/job/stop.py);
-    anything else is raised (exit 1). ``plan.notes`` are logged once the run is built."""
+    """One rank of ``plan``: its exit code (0 ok, 2 user error, 4 diverged, 128 + a stop signal); anything else is
+    raised (exit 1)."""
     append_to_shared_log()  # several ranks may share one log file (ModelZoo's loops)
     section = plan.launch
     # installed once the process group has started: a rank stopped at its rendezvous ends by the signal itself
@@ -88,15 +83,14 @@ def _worker(plan, section, stop, amp_timer):
         trainer = Trainer(plan, device, dist, log, rs, amp_timer, stop)
         return trainer.evaluate() if plan.run.evaluate else trainer.fit()
     except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal outside the training loop (stop.Stopped)
-        for s in stops.SIGNALS:  # a second signal (or spawn's supervisor passing it on)
+        for s in stops.SIGNALS:  # a second signal (or spawn's supervisor passing it on) must not cut the summary short
             signal.signal(s, signal.SIG_IGN)
         signum = getattr(exc, "signum", signal.SIGINT)
+        signame = None if signum == signal.SIGINT else stops.name(signum)
         dist.record_failure()
-        _finish(rs, "interrupted", "interrupted by the user" if signum == signal.SIGINT else
-                "stopped by {}".format(stops.name(signum)))  # must not cut the summary short
+        _finish(rs, "interrupted", "stopped by {}".format(signame) if signame else "interrupted by the user")
         if dist.is_main and section.mode != "spawn":  # spawn's parent says it for all ranks
-            sys.stderr.write(cli.interrupted_line(plan, None if signum == signal.SIGINT else stops.name(signum))
-                             + "\n")
+            sys.stderr.write(cli.interrupted_line(plan, signame) + "\n")
             sys.stderr.flush()
         else:
             log.warn("interrupted")
@@ -105,8 +99,7 @@ def _worker(plan, section, stop, amp_timer):
         dist.record_failure()
         _finish(rs, "diverged", exc.message(), diverged=exc.info)
         if dist.is_main:
-            sys.stderr.write("error: {}\n".format(exc.message()))
-            sys.stderr.flush()
+            report(exc)  # its message, one line
         return exc.exit_code
     except UsageError as exc:
         dist.record_failure()
@@ -138,9 +131,8 @@ def _finish(rs, status, error, **fields):
 
 
 def append_to_shared_log():
-    """Ascend ModelZoo's 8p loops start every rank with ``> train_0.log 2>&1``: each process has the file open
-    at its own offset, so a line of one rank would overwrite another's. Where stdout / stderr are regular
-    files, switch them to append mode (O_APPEND): every line lands at the end, whoever writes it."""
+    """ModelZoo's 8p loops start every rank with ``> train_0.log 2>&1``, each at its own offset, so ranks would
+    overwrite each other's lines: regular-file stdout / stderr are switched to O_APPEND."""
     try:
         import fcntl
     except ImportError:  # not POSIX

@@ -1,14 +1,7 @@
-"""One rank's run: a ``Trainer`` built from a plan (trainer/plan.py), a device and a process group, that owns its
-parts, and ``fit()`` that reads as pytorch/examples' main_worker: for each epoch, train, validate, save, record.
-
-    Trainer(plan, device, dist, log, summary)   the parts, in order: resume, seed, data, model, precision,
-                                                criterion, optimizer step, DDP / graph mode, schedule, profiler,
-                                                checkpoint saver
-    trainer.fit()                               the epochs (the loops: trainer/engine.py)
-    trainer.evaluate()                          --evaluate: one validation of the weights given
-
-Every field of summary.json a run fills is filled in ``summary_fields``.
-"""
+"""One rank's run: ``Trainer(plan, device, dist, log, summary)`` builds and owns its parts (resume, seed, data,
+model, precision, loss, optimizer step, DDP / graph mode, schedule, profiler, checkpoint saver); ``fit()`` reads as
+pytorch/examples' main_worker (each epoch: train, validate, save, record; the loops: trainer/engine.py);
+``evaluate()`` is --evaluate. Every field of summary.json a run fills is filled in ``summary_fields``."""
 import math
 import os
 import secrets
@@ -18,22 +11,20 @@ import torch
 
 import models
 from trainer import align, cli, data, graph, optim, zoo
-from trainer.errors import counted
 from trainer.job import affinity
 from trainer.precision import amp, amp_probe
 from trainer.record import checkpoint, folders, metrics, observe
 from trainer.job.clusters import world_change
 from trainer.engine import Loops, TrainStep
-from trainer.errors import UsageError
+from trainer.errors import UsageError, counted
 from trainer.guard import Diverged, all_finite
 from trainer.optim.groups import describe as describe_groups
 from trainer.optim.schedule import Schedule
 
 
 class Trainer:
-    """``summary``: the summary.RunSummary of a rank that writes one, else None. ``amp_timer``: the timing function
-    of the --amp dtype probe (trainer/precision/amp_probe.py ``time_steps`` by default). ``stop``: the process's
-    job.stop.StopRequest (armed while the epochs run), or None."""
+    """``summary``: a RunSummary (on a writing rank) or None; ``amp_timer``: the --amp dtype probe's timer
+    (amp_probe.time_steps by default); ``stop``: the job.stop.StopRequest, armed while the epochs run, or None."""
 
     def __init__(self, plan, device, dist, log, summary=None, amp_timer=None, stop=None):
         self.plan, self.device, self.dist, self.log, self.summary = plan, device, dist, log, summary
@@ -81,10 +72,8 @@ class Trainer:
                 self.info.layout, counted(self.num_classes, "class"), self.info.train_images,
                 counted(self.info.val_images, "val image"), self.info.backend, counted(self.workers, "worker")),
             all_ranks=True)
-        if self.info.note:
-            log("note: " + self.info.note)
-        if align_note:
-            log("note: " + align_note)
+        for note in filter(None, (self.info.note, align_note)):
+            log("note: " + note)
         self.normalize = data.Normalizer(device, plan.model.channels_last)
         self.eval_criterion = torch.nn.CrossEntropyLoss(reduction="none", label_smoothing=plan.optim.label_smoothing)
         self.zoo = metrics.ZooLines(run.modelzoo, device.index)  # the lines ModelZoo's scripts grep
@@ -97,16 +86,14 @@ class Trainer:
             self._build_training(resume)
 
     def _build_training(self, resume):
-        """The training parts: loss, optimizer step, the checkpoint's state, DDP and graph mode, the schedule,
-        the profiler, the checkpoint saver."""
+        """The training parts: loss, optimizer step, resumed state, DDP, graph mode, schedule, profiler, saver."""
         plan, device, log = self.plan, self.device, self.log
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=plan.optim.label_smoothing).to(
             device.torch_device)
         choice = optim.build(plan.optim, self.model, device, self.precision)
         self.model, self.step = amp.wrap(choice, self.precision, device, self.model)
         self._log_notes(tuple(plan.notes) + tuple(self.step.notes))
-        slower = device.compile_warning(self.precision.dtype if self.precision.impl == "native" else None) \
-            if plan.model.compile else None
+        slower = device.compile_warning(self.precision.autocast_dtype) if plan.model.compile else None
         if slower:
             log("warning: " + slower)
         folders.check_same_epoch(self.dist, device, resume.epoch if resume is not None else plan.run.start_epoch,
@@ -146,8 +133,7 @@ class Trainer:
                  seed=self.seed, config=plan.as_dict()), self.ema)
 
     def _build_ema(self, resume):
-        """--model-ema's average of the (resumed) weights, its own state restored from the checkpoint; None
-        without the flag."""
+        """--model-ema's average of the (resumed) weights, restored from the checkpoint; None without it."""
         plan, log = self.plan, self.log
         saved = resume.entries.get("model_ema") if resume is not None else None
         if not plan.optim.model_ema:
@@ -298,10 +284,8 @@ class Trainer:
         return 0
 
     def _stopped(self, loops, totals, best_acc1, done=None, step=0):
-        """A stop signal agreed by every rank: the mid-epoch checkpoint (where the epoch did not end), the summary
-        (status ``interrupted``, the signal and the step), a requeue under Slurm. ``done``: the epochs completed,
-        where the stop came at an epoch's last step (its checkpoint is the epoch's), or before training started
-        (``step``: a resumed epoch's). Returns 128 + the signal."""
+        """A stop agreed by every rank: the mid-epoch checkpoint, the summary (``interrupted``), a Slurm requeue.
+        ``done``/``step``: where the stop came at an epoch's end or before training. Returns 128 + the signal."""
         from trainer.job import stop as stops
         where, signame = loops.position, stops.name(loops.stopped_by)
         epoch, step = (done, step) if where is None else (where["epoch"], where["step"])
@@ -313,8 +297,7 @@ class Trainer:
             if where is not None:
                 self.saver.save_mid(dict(where, signal=signame), best_acc1)
             self._summarize(totals, best_acc1=best_acc1)
-            self.summary.update(stopped=dict(signal=signame, epoch=epoch, step=step, global_step=global_step),
-                                **self.saver.existing())
+            self.summary.update(stopped=dict(signal=signame, epoch=epoch, step=step, global_step=global_step))
             self.summary.write("interrupted", "stopped by {} at epoch {} step {} (global step {}); continue with "
                                               "--resume auto".format(signame, epoch, step, global_step))
         self.dist.barrier()  # every rank leaves once the checkpoint is whole
@@ -330,8 +313,8 @@ class Trainer:
         return stops.exit_code(loops.stopped_by)
 
     def _check_health(self, epoch):
-        """After an epoch, on every rank alike: images the device backend decoded on the CPU and steps skipped for
-        inf/nan gradients are logged, non-finite weights stop the run (Diverged). Returns the skipped steps."""
+        """After an epoch, on every rank: CPU-decoded images and skipped steps logged, non-finite weights raise
+        Diverged. Returns the skipped steps."""
         overflow = self.step.overflow_steps() if self.precision.scaled else 0
         fallbacks = self._fallbacks()
         if fallbacks:
@@ -346,10 +329,8 @@ class Trainer:
         return overflow
 
     def _fallbacks(self):
-        """Images the device data backend had decoded on the CPU (not JPEG, or a colour mode it does not take),
-        summed over ranks: every rank calls this at the same points."""
-        n = sum(getattr(loader, "fallbacks", 0) for loader in (self.train_loader, self.val_loader)
-                if loader is not None)
+        """Images the device data backend decoded on the CPU, summed over ranks (all call this alike)."""
+        n = sum(getattr(loader, "fallbacks", 0) for loader in (self.train_loader, self.val_loader))
         if self.info.backend != data.DEVICE_DECODE:
             return n
         n = int(self.dist.sum(n, self.device))  # one collective (this rank's count alone when not distributed)
@@ -360,9 +341,7 @@ class Trainer:
         """metrics.jsonl's line of an epoch (``vals``: the validations of the weights and of their average)."""
         val, ema_val = vals
         record = {
-            "epoch": epoch, "global_step": (epoch + 1) * self.steps, "train_loss": tr.loss, "train_acc1": tr.acc1,
-            "train_acc5": tr.acc5, "val_loss": val.loss if val else None,
-            "val_acc1": val.acc1 if val else None, "val_acc5": val.acc5 if val else None,
+            "epoch": epoch, "global_step": (epoch + 1) * self.steps, **_losses("train_", tr), **_losses("val_", val),
             "lr": self.schedule(epoch, tr.steps - 1), "images_per_second": tr.fps, "fps_steps": tr.timed_steps,
             "data_wait_fraction": tr.data_wait_seconds / tr.seconds if tr.seconds else None,
             "overflow_steps": overflow, "seconds": tr.seconds, "arch": self.plan.model.arch,
@@ -370,7 +349,7 @@ class Trainer:
             "step_lrs": [list(p) for p in tr.step_lrs], "world_size": self.dist.world_size,
             "amp": amp_label(self.precision)}
         if self.ema is not None:
-            record.update({"ema_val_" + k: getattr(ema_val, k) if ema_val else None for k in ("loss", "acc1", "acc5")})
+            record.update(_losses("ema_val_", ema_val))
         return record
 
     def summary_fields(self, totals=None, last_val=None):
@@ -432,9 +411,8 @@ class Trainer:
 
 
 def build_model(section, num_classes, device, world, weights=None):
-    """The model of the model section (a config.ModelConfig, as the plan decided it) on ``device``: built, its
-    --pretrained weights (``weights``: a checkpoint.File) loaded (a note about them goes to ``log``), SyncBatchNorm
-    where asked in a job of ``world`` processes, channels-last where chosen."""
+    """The model ``section`` (as planned) describes, on ``device``: its --pretrained ``weights`` (a checkpoint.File)
+    loaded, SyncBatchNorm in a job of ``world`` > 1 processes where asked, channels-last where chosen."""
     kwargs = {"zero_init_residual": True} if section.zero_init_residual else {}
     if section.blurpool:  # checked against the arch by the config
         kwargs["blurpool"] = True
@@ -477,6 +455,10 @@ def _recorder(trainer):
         trainer.log("note: " + note)
     return observe.Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", trainer.start_epoch, trainer.steps,
                             trainer.plan.as_dict(), trainer.log, (trainer.carry or {}).get("step", 0))
+
+
+def _losses(prefix, stats):
+    return {prefix + k: getattr(stats, k) if stats else None for k in ("loss", "acc1", "acc5")}
 
 
 def model_num_classes(model):

@@ -1,18 +1,11 @@
-"""Ascend ModelZoo's two entries as main.py stands in for them (``--modelzoo``).
+"""Ascend ModelZoo's two entries as main.py stands in for them (``--modelzoo``): ResNet50_ID4149's ``main.py`` and
+Shufflenetv2's ``8p_main_med.py``, whose scripts type those flags, export RANK_SIZE and grep the logs. Their published
+numbers were trained with their parsers' defaults (``DEFAULTS``: resnet50's lr_cosine_policy, warm-up lr x (e+1)/8;
+shufflenetv2's adjust_learning_rate, lr x (e+1)/(N+1)), which differ from pytorch/examples'.
 
-ModelZoo's ResNet50_ID4149 folder trains with its own ``main.py``, its Shufflenetv2 folder with ``8p_main_med.py``;
-their test/*.sh scripts type those entries' flags, export RANK_SIZE (and RANK_ID) and grep the logs. Their published
-numbers were trained with those parsers' defaults, which differ from pytorch/examples' (ours):
-
-    resnet50      --label-smoothing 0.1, --warmup 8 (lr x (e+1)/8 in epoch e), cosine once per epoch,
-                  --loss-scale 1024 (their main.py's lr_cosine_policy and CrossEntropy)
-    shufflenetv2  --warm_up_epochs 0 (lr x (e+1)/(N+1)), cosine once per epoch, --eval-freq 5, --loss-scale 64
-                  (8p_main_med.py's adjust_learning_rate)
-
-The rule: a run stands in for an entry when ``--modelzoo`` names it, or (``auto``) when it was started as
-``8p_main_med.py`` (shufflenetv2) or under a ModelZoo script (RANK_SIZE set: resnet50), and no ``--recipe`` was
-given (a recipe is a whole published recipe already). Then that entry's defaults apply to the flags not given, one
-note lists them, and the log adds the lines its scripts grep (trainer/record/metrics.py ``ZooLines``).
+A run stands in for an entry when ``--modelzoo`` names it, or (``auto``, no ``--recipe``) when started as
+``8p_main_med.py`` (shufflenetv2) or under a ModelZoo script (RANK_SIZE: resnet50): the entry's defaults fill the
+flags not given, one note lists them, and the log adds the lines its scripts grep (record/metrics.py ``ZooLines``).
 """
 import os
 
@@ -58,11 +51,10 @@ def defaults(name, explicit):
 
 
 def warmup(ns, explicit):
-    """(warm-up epochs, lr step unit, warm-up offset, lr schedule) from --warmup / --warm_up_epochs, which mean
-    their entry's per-epoch warm-up and cosine; flags given explicitly win. None when neither is set."""
+    """(warm-up epochs, lr step unit, offset, lr schedule) from --warmup / --warm_up_epochs (their entry's per-epoch
+    warm-up and cosine; flags given win), or None."""
     if ns.mz_warmup is not None and ns.mz_warm_up_epochs is not None:
-        both = [f for f, d in (("--warmup", "mz_warmup"), ("--warm_up_epochs", "mz_warm_up_epochs")) if d in explicit]
-        if len(both) == 2:
+        if "mz_warmup" in explicit and "mz_warm_up_epochs" in explicit:
             raise UsageError("--warmup and --warm_up_epochs are two entries' warm-ups: give one")
         if "mz_warm_up_epochs" in explicit:
             ns.mz_warmup = None

@@ -1,5 +1,4 @@
-"""Image folders: the ImageNet layout (train/CLASS/*, val/CLASS/* or tiny-imagenet's val/images +
-val_annotations.txt), classes in sorted order, every problem named with its fix."""
+"""Image folders: the ImageNet or tiny-imagenet layout, classes sorted, every problem named with its fix."""
 import os
 
 from trainer.errors import DataError
@@ -12,13 +11,11 @@ def _visible_dirs(path):
 
 
 def _images_under(path):
-    out = []
     for root, dirs, files in os.walk(path, followlinks=True):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
-                out.append(os.path.join(root, name))
-    return out
+                yield os.path.join(root, name)
 
 
 def is_tiny_imagenet_val(val_dir):
@@ -40,27 +37,20 @@ def check_data_root(root, need_train=True):
 
 
 def check_layout(root, need_train=True):
-    """The data set in ``root`` as a run reads it, checked without reading an image: the folders, the class
-    folders, an image in each class folder of train/ (``need_train``), val/'s classes and images against them.
-    Returns the classes (sorted). Each problem is a DataError naming it."""
+    """The sorted classes of ``root``, checked as a run reads it without reading an image; each problem a DataError."""
     check_data_root(root, need_train)
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     classes = find_classes(train_dir if os.path.isdir(train_dir) else val_dir)
     if need_train:
         for name in classes:
-            if not _has_image(os.path.join(train_dir, name)):
-                raise DataError("class folder '{}' holds no images ({})".format(
-                    os.path.join(train_dir, name), "/".join(IMG_EXTENSIONS)))
+            if next(_images_under(os.path.join(train_dir, name)), None) is None:
+                raise _no_images(os.path.join(train_dir, name))
     scan_val(val_dir, {c: i for i, c in enumerate(classes)})
     return classes
 
 
-def _has_image(path):
-    for root, dirs, files in os.walk(path, followlinks=True):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if any(not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS) for name in files):
-            return True
-    return False
+def _no_images(folder):
+    return DataError("class folder '{}' holds no images ({})".format(folder, "/".join(IMG_EXTENSIONS)))
 
 
 def find_classes(train_dir):
@@ -71,11 +61,10 @@ def find_classes(train_dir):
 
 
 def count_train(train_dir, classes, at_most):
-    """The images of train/'s ``classes``, counted up to ``at_most`` (the walk stops there: a large set costs the
-    first few folders)."""
+    """The images of train/'s ``classes``, counted up to ``at_most`` (where the walk stops)."""
     n = 0
     for name in classes:
-        n += len(_images_under(os.path.join(train_dir, name)))
+        n += len(list(_images_under(os.path.join(train_dir, name))))
         if n >= at_most:
             return at_most
     return n
@@ -84,10 +73,9 @@ def count_train(train_dir, classes, at_most):
 def scan_train(train_dir, classes):
     samples = []
     for idx, name in enumerate(classes):
-        files = _images_under(os.path.join(train_dir, name))
+        files = list(_images_under(os.path.join(train_dir, name)))
         if not files:
-            raise DataError("class folder '{}' holds no images ({})".format(
-                os.path.join(train_dir, name), "/".join(IMG_EXTENSIONS)))
+            raise _no_images(os.path.join(train_dir, name))
         samples.extend((f, idx) for f in files)
     return samples
 
@@ -103,9 +91,7 @@ def scan_val(val_dir, class_to_idx):
         raise DataError("val/ has class folder(s) not in train/: {}".format(_names(extra)))
     if missing:
         raise DataError("val/ lacks class folder(s) that train/ has: {}".format(_names(missing)))
-    samples = []
-    for name in val_classes:
-        samples.extend((f, class_to_idx[name]) for f in _images_under(os.path.join(val_dir, name)))
+    samples = [(f, class_to_idx[name]) for name in val_classes for f in _images_under(os.path.join(val_dir, name))]
     if not samples:
         raise DataError("'{}' holds no images".format(val_dir))
     return samples

@@ -1,5 +1,5 @@
-"""Image files -> uint8 pixels: read, header-only open, decode (at a draft size), crop and resize, with the
-decoding errors naming the file; the per-sample random generators."""
+"""Image files -> uint8 pixels (header-only open, draft decode, crop + resize; errors name the file), sample RNGs."""
+import contextlib
 import io
 import warnings
 from collections import namedtuple
@@ -14,9 +14,8 @@ from trainer.errors import DataError
 
 
 class Box(namedtuple("Box", "left top right bottom")):
-    """A region of an image in source pixels, (left, top, right, bottom) as PIL's ``box``; fractional where
-    a draft-mode decode scaled the image. The data code's one box convention: torchvision's crop parameters
-    (top, left, height, width) become a Box in ``from_crop``; roi_align's (y1, x1, y2, x2) is ``yxyx()``."""
+    """A region of an image in source pixels, (left, top, right, bottom) as PIL's ``box`` (fractional where draft
+    mode scaled the image): torchvision's (top, left, height, width) via ``from_crop``, roi_align's ``yxyx()``."""
 
     __slots__ = ()
 
@@ -39,36 +38,34 @@ class BadImageError(DataError):
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
-def _bad(path, exc):
-    return BadImageError("cannot decode image '{}' ({}): remove or replace the file".format(
-        path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+@contextlib.contextmanager
+def _naming(path):
+    """Reading or decoding errors as a BadImageError naming the file."""
+    try:
+        yield
+    except _DECODE_ERRORS as exc:
+        raise BadImageError("cannot decode image '{}' ({}): remove or replace the file".format(
+            path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
 
 
 def read_bytes(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise _bad(path, exc)
+    with _naming(path), open(path, "rb") as f:
+        return f.read()
 
 
 def open_image(raw, path):
     """A PIL image over the file's bytes with only its header read (size, format, mode known; no pixels)."""
-    try:
+    with _naming(path):
         return Image.open(io.BytesIO(raw))
-    except _DECODE_ERRORS as exc:
-        raise _bad(path, exc)
 
 
 def rgb(img, path):
     """Decode ``img`` (at its draft size, if one was set) as RGB."""
-    try:
+    with _naming(path):
         if img.mode != "RGB":
             return img.convert("RGB")
         img.load()
         return img
-    except _DECODE_ERRORS as exc:
-        raise _bad(path, exc)
 
 
 def load_rgb(path):
@@ -95,26 +92,20 @@ def pillow_simd():
     if not _PIL_SIMD:
         try:
             from importlib import metadata  # novermin (3.8; asked with torch >= 2.1, which needs 3.8)
-            metadata.distribution("pillow-simd")
-            _PIL_SIMD.append(True)
+            _PIL_SIMD.append(metadata.distribution("pillow-simd") is not None)
         except Exception:  # not installed (or Python < 3.8, without importlib.metadata)
             _PIL_SIMD.append(False)
     return _PIL_SIMD[0]
 
 
 def torch_resize():
-    """Whether the CPU backend resizes with torch (its uint8 antialiased resize, when this torch has one and
-    PIL is not pillow-simd) rather than with PIL."""
+    """Whether the CPU backend resizes with torch's uint8 antialiased resize (where it has one; not pillow-simd)."""
     return uint8_antialias_resize() and not pillow_simd()
 
 
 def crop_resize(img, box, size, flip=False):
-    """uint8 CHW (channels-last in memory): the region ``box`` (a Box) of the RGB PIL
-    ``img`` scaled to ``size`` x ``size`` (bilinear, antialiased), mirrored if ``flip``.
-
-    With torch's uint8 resize (``torch_resize``), the same filter as PIL's at about a third of its cost; the
-    box is then rounded to whole pixels of the decoded image, which changes nothing unless draft mode decoded
-    it reduced. Older torch or pillow-simd: PIL's ``resize(box=...)``."""
+    """uint8 CHW (channels-last): ``box`` of ``img`` scaled to ``size`` (bilinear, antialiased), mirrored if ``flip``;
+    ``torch_resize``: PIL's filter at a third of its cost, the box rounded to whole pixels."""
     if not torch_resize():
         out = img.resize((size, size), Image.BILINEAR, box=box)
         return pil_to_chw(out.transpose(Image.FLIP_LEFT_RIGHT) if flip else out)
@@ -122,15 +113,13 @@ def crop_resize(img, box, size, flip=False):
 
 
 def tensor_crop_resize(chw, box, size, flip=False):
-    """``crop_resize`` of a uint8 CHW tensor on the host, with torch's uint8 resize (the caller checks
-    ``uint8_antialias_resize``); ``box`` is rounded to whole pixels and kept inside the image."""
+    """``crop_resize`` of a uint8 CHW tensor with torch's uint8 resize, ``box`` rounded to whole pixels inside."""
     h, w = chw.shape[-2:]
     left, top = max(0, min(int(round(box[0])), w - 1)), max(0, min(int(round(box[1])), h - 1))
     right, bottom = max(min(int(round(box[2])), w), left + 1), max(min(int(round(box[3])), h), top + 1)
     x = chw[:, top:bottom, left:right].unsqueeze(0)
     out = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    if flip:
-        out = out.flip(3)
+    out = out.flip(3) if flip else out
     return out[0].permute(1, 2, 0).contiguous().permute(2, 0, 1)
 
 
@@ -141,16 +130,10 @@ def sample_seed(base_seed, epoch, index):
 def sample_rng(seed):
     """The sample's own torch.Generator (None: torch's global one). A generator per sample costs a few
     microseconds, where re-seeding the global RNG (fork_rng + manual_seed) costs ~0.15 ms."""
-    if seed is None:
-        return None
-    g = torch.Generator()
-    g.manual_seed(seed)
-    return g
+    return None if seed is None else torch.Generator().manual_seed(seed)
 
 
 def transformed(img, transform, seed, path):
     """``transform(img, path, rng)`` with the sample's generator; decoding errors name the file."""
-    try:
+    with _naming(path):
         return transform(img, path, sample_rng(seed))
-    except _DECODE_ERRORS as exc:
-        raise _bad(path, exc)

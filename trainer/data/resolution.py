@@ -1,14 +1,9 @@
 """The training resolution schedule (``--min-res``, ``--max-res``, ``--start-ramp``, ``--end-ramp``: FFCV's
-``resolution`` section and its ``get_resolution``): ``min_res`` up to epoch ``start_ramp``, then a linear rise to
-``max_res`` at ``end_ramp``, rounded to the nearest multiple of 32 (numpy's round: halves to even), ``max_res``
-from ``end_ramp`` on. The size is a function of the epoch alone, so a resumed run trains each epoch at the size
-an uninterrupted run does, and it changes only between epochs (each shape is compiled once on an NPU).
-
-Workers read the size from their sampler's items (``EpochSampler`` with ``sizes``: (index, seed, size)), which
-the training process draws afresh every epoch, so persistent workers follow it without being restarted.
-
-numpy is imported where a size is computed: ``trainer.data`` imports without numpy or torch, so that main.py's
-parser (which reads the crops' defaults in data/spec.py) can say which Python to use where neither is installed."""
+``get_resolution``): ``min_res`` up to epoch ``start_ramp``, then a linear rise to ``max_res`` at ``end_ramp``,
+rounded to the nearest multiple of 32 (numpy's round: halves to even). A function of the epoch alone: a resumed run
+trains each epoch at the same size, which changes only between epochs (each shape is compiled once on an NPU).
+Workers read it from their sampler's items, drawn afresh every epoch. numpy is imported where a size is computed:
+``trainer.data`` imports without numpy or torch, for main.py's parser to name the Python to use where neither is."""
 
 MULTIPLE = 32  # FFCV's rounding; also a ResNet's total stride, so every stage's feature maps divide evenly
 
@@ -31,12 +26,8 @@ class ResolutionSchedule:
 
     def changes(self, first, last):
         """[(epoch, size)] where the size changes in epochs first..last-1, the first epoch included."""
-        out = []
-        for epoch in range(first, last):
-            size = self(epoch)
-            if not out or out[-1][1] != size:
-                out.append((epoch, size))
-        return out
+        return [(epoch, self(epoch)) for epoch in range(first, last)
+                if epoch == first or self(epoch) != self(epoch - 1)]
 
     def __repr__(self):
         return "ResolutionSchedule({}, {}, {}, {})".format(self.min_res, self.max_res, self.start_ramp, self.end_ramp)
@@ -44,9 +35,8 @@ class ResolutionSchedule:
 
 def schedule_of(section):
     """The schedule of the config's data section (a config.DataConfig), or None for a fixed --train-crop-size."""
-    if section.min_res is None:
-        return None
-    return ResolutionSchedule(section.min_res, section.max_res, section.start_ramp, section.end_ramp)
+    return None if section.min_res is None else ResolutionSchedule(section.min_res, section.max_res,
+                                                                    section.start_ramp, section.end_ramp)
 
 
 def train_size(section, epoch):

@@ -1,5 +1,4 @@
-"""Samplers: the training order of an epoch (shuffled, sharded, a seed per sample) and the validation
-shards (every image on exactly one rank); the DataLoader settings both backends share."""
+"""The epoch's training order (shuffled, sharded, a seed per sample), validation shards, the DataLoader settings."""
 import math
 
 import torch
@@ -14,18 +13,12 @@ def padded_length(n, batch_per_rank, world_size):
 
 
 class EpochSampler(torch.utils.data.Sampler):
-    """Shuffled, sharded training order for one epoch: yields (index, sample seed), or with ``sizes`` (epoch ->
-    image size: a resolution schedule) (index, sample seed, size).
-
-    Like DistributedSampler with drop_last=True: each rank gets len // world items,
-    distinct across ranks; the order depends on (seed, epoch) only. The sampler runs in the training process,
-    which iterates it afresh every epoch: the size it hands out reaches persistent workers with their items.
-    """
+    """One epoch's shuffled, sharded order (as DistributedSampler with drop_last=True; by (seed, epoch) only): yields
+    (index, sample seed[, size of ``sizes(epoch)``]), the size reaching persistent workers with their items."""
 
     def __init__(self, n, seed, rank=0, world_size=1, sizes=None):
         self.n, self.seed, self.rank, self.world_size = n, seed, rank, world_size
-        self.epoch = 0
-        self.sizes = sizes
+        self.epoch, self.sizes = 0, sizes
         self.skip = 0  # items of this rank's order left out once: a mid-epoch checkpoint's, for the next epoch drawn
 
     def set_epoch(self, epoch):
@@ -40,25 +33,17 @@ class EpochSampler(torch.utils.data.Sampler):
         return self.n // self.world_size
 
     def __iter__(self):
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        order = torch.randperm(self.n, generator=g).tolist()
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         total = len(self) * self.world_size
-        size = self.size
+        size = () if self.size is None else (self.size,)
         skip, self.skip = self.skip, 0
         for index in order[self.rank:total:self.world_size][skip:]:
-            if size is None:
-                yield index, sample_seed(self.seed, self.epoch, index)
-            else:
-                yield index, sample_seed(self.seed, self.epoch, index), size
+            yield (index, sample_seed(self.seed, self.epoch, index)) + size
 
 
 def item_parts(item):
-    """A sampler's item -> (index, sample seed or None, image size or None): a plain index (``ShardSampler``), or
-    ``EpochSampler``'s (index, seed) or (index, seed, size)."""
-    if not isinstance(item, tuple):
-        return item, None, None
-    return (tuple(item) + (None,))[:3]
+    """A sampler's item (a plain index, or ``EpochSampler``'s) -> (index, sample seed or None, size or None)."""
+    return (tuple(item) + (None,))[:3] if isinstance(item, tuple) else (item, None, None)
 
 
 class ShardSampler(torch.utils.data.Sampler):
@@ -74,18 +59,13 @@ class ShardSampler(torch.utils.data.Sampler):
         return iter(self.indices)
 
 
-def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None,
-               pin_memory_device=None):
-    kwargs = {}
+def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None, pin_memory_device=None):
+    kwargs = {"collate_fn": collate_fn} if collate_fn is not None else {}
     if pin_memory and pin_memory_device:
         kwargs["pin_memory_device"] = pin_memory_device  # a device other than CUDA, on torch < 2.8
     if workers > 0:
-        # at least 4 batches under way per process (DataLoader's default 2 per worker leaves a lone worker
-        # with 2): a slow file or a busy core then does not stall the step
-        kwargs.update(persistent_workers=True, prefetch_factor=max(2, int(math.ceil(4.0 / workers))))
-        kwargs["worker_init_fn"] = lifeline.worker_init()  # the workers end with this process, however it ends
-    if collate_fn is not None:
-        kwargs["collate_fn"] = collate_fn
-    return torch.utils.data.DataLoader(
-        dataset, batch_size=batch, sampler=sampler, num_workers=workers,
-        pin_memory=pin_memory, drop_last=drop_last, **kwargs)
+        # >= 4 batches under way (a lone worker's default is 2): a slow file or busy core does not stall the step
+        kwargs.update(persistent_workers=True, prefetch_factor=max(2, int(math.ceil(4.0 / workers))),
+                      worker_init_fn=lifeline.worker_init())  # the workers end with this process
+    return torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
+                                       pin_memory=pin_memory, drop_last=drop_last, **kwargs)

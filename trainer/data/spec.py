@@ -18,13 +18,7 @@ TRAIN_CROP_SIZE, CROP_SCALE_MIN, VAL_RESIZE_SIZE, VAL_CROP_SIZE = 224, 0.08, 256
 
 @dataclasses.dataclass(frozen=True)
 class LoaderSpec:
-    """One rank's loaders: the batch, its place in the job, the workers, the crops (``data.build`` fills it
-    from the run's config; tools and benches make their own).
-
-    The device backend's two ways of working, each None for the device's own choice: ``decode_ahead``
-    (prepare the next batch in a thread beside the training step; ``Device.decode_ahead``) and
-    ``batched_crops`` (crop and resize a batch in one roi_align call rather than image by image;
-    ``not Device.crops_per_image``)."""
+    """One rank's loaders (``data.build`` fills it from the run's config; tools and benches make their own)."""
     batch_per_rank: int
     rank: int = 0
     world_size: int = 1
@@ -36,17 +30,12 @@ class LoaderSpec:
     val_crop_size: int = VAL_CROP_SIZE
     channels_last: bool = False
     decode: Optional[Callable] = None  # the device's JPEG decoder (device backend only)
-    decode_ahead: Optional[bool] = None  # device backend only; None: Device.decode_ahead
-    batched_crops: Optional[bool] = None  # device backend only; None: not Device.crops_per_image
+    decode_ahead: Optional[bool] = None  # device backend: prepare the next batch in a thread; None: the device's
+    batched_crops: Optional[bool] = None  # device backend: one roi_align call per batch; None: the device's
     train_sizes: Optional[Callable] = None  # epoch -> training size (a resolution schedule); None: train_crop_size
 
 
 class DataInfo:
     def __init__(self, num_classes, classes, train_images, val_images, layout, backend="synthetic", note=None):
-        self.num_classes = num_classes
-        self.classes = classes
-        self.train_images = train_images
-        self.val_images = val_images
-        self.layout = layout
-        self.backend = backend  # cpu | gpu | synthetic
-        self.note = note
+        self.num_classes, self.classes, self.layout, self.note = num_classes, classes, layout, note
+        self.train_images, self.val_images, self.backend = train_images, val_images, backend  # cpu | gpu | synthetic

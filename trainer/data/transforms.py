@@ -1,5 +1,4 @@
-"""Transforms: RandomResizedCrop + flip and Resize + CenterCrop decoding only what they need, the Box
-they crop, and the on-device normaliser."""
+"""RandomResizedCrop + flip and Resize + CenterCrop, decoding only what they need; the on-device normaliser."""
 import math
 
 import torch
@@ -12,8 +11,7 @@ STD = (0.229, 0.224, 0.225)
 
 
 def _draft(img, need_w, need_h):
-    """JPEG draft mode: have the decoder scale by 1/2, 1/4 or 1/8 while decoding, as far as the result
-    stays at least ``need_w`` x ``need_h``; returns the (x, y) scale factors obtained (1, 1 if none)."""
+    """JPEG draft mode: decode scaled by 1/2, 1/4 or 1/8 to at least ``need_w`` x ``need_h``; the (x, y) scales."""
     w0, h0 = img.size
     if img.format == "JPEG" and img.mode in ("RGB", "L"):
         img.draft(img.mode, (int(math.ceil(need_w)), int(math.ceil(need_h))))
@@ -21,24 +19,15 @@ def _draft(img, need_w, need_h):
 
 
 class TrainCrop:
-    """RandomResizedCrop(size, scale) + RandomHorizontalFlip -> uint8 CHW, decoding only what the crop needs.
-
-    The crop and the flip are drawn from the header's image size, before any pixel is decoded, with
-    torchvision's algorithm (``params``) from the sample's own generator: the same distribution as
-    torchvision's transforms. JPEG draft mode then
-    decodes at the largest reduction (1/2, 1/4, 1/8) that keeps the crop at least ``size`` pixels wide and
-    high, and one resize (``crop_resize``) crops and scales (bilinear, antialiased) in a single pass. The
-    only difference from torchvision's pipeline: when draft mode reduces, part of the downscaling happens in
-    the JPEG decoder's DCT instead of the bilinear filter (a mean difference of about one grey level).
-    """
+    """RandomResizedCrop + RandomHorizontalFlip -> uint8 CHW, drawn from the header's size, decoded at the largest draft
+    reduction keeping ``size`` px (part of the downscaling is then the decoder's DCT: about one grey level)."""
 
     def __init__(self, size, scale_min=0.08):
         self.size, self.scale, self.ratio = size, (scale_min, 1.0), (3.0 / 4.0, 4.0 / 3.0)
         self._sized = {size: self}
 
     def at(self, size):
-        """This transform with output ``size`` (a resolution schedule's size of an epoch); the crop and flip
-        drawn from a seed do not depend on it."""
+        """This transform with output ``size`` (a resolution schedule's); the crops and flips drawn are the same."""
         if size is None:
             return self
         if size not in self._sized:
@@ -46,17 +35,15 @@ class TrainCrop:
         return self._sized[size]
 
     def params(self, width, height, g=None):
-        """(top, left, h, w, flip): torchvision's RandomResizedCrop.get_params algorithm (up to 10 draws of
-        area and log-ratio, else the centre crop clamped to the ratio range), then RandomHorizontalFlip's
-        draw, taken from the generator ``g``."""
+        """(top, left, h, w, flip) from generator ``g``: torchvision's RandomResizedCrop.get_params (up to 10 draws
+        of area and log-ratio, else the centre crop clamped to the ratio range), then RandomHorizontalFlip's."""
         area = height * width
         log_ratio = torch.log(torch.tensor(self.ratio))
         crop = None
         for _ in range(10):
             target_area = area * torch.empty(1).uniform_(self.scale[0], self.scale[1], generator=g).item()
             aspect = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g)).item()
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
+            w, h = int(round(math.sqrt(target_area * aspect))), int(round(math.sqrt(target_area / aspect)))
             if 0 < w <= width and 0 < h <= height:
                 top = torch.randint(0, height - h + 1, size=(1,), generator=g).item()
                 left = torch.randint(0, width - w + 1, size=(1,), generator=g).item()
@@ -75,33 +62,26 @@ class TrainCrop:
 
     def __call__(self, img, path="?", g=None):
         top, left, h, w, flip = self.params(img.size[0], img.size[1], g)
-        s = self.size
-        sx, sy = _draft(img, img.size[0] * s / float(w), img.size[1] * s / float(h))
-        return crop_resize(rgb(img, path), Box.from_crop(top, left, h, w).scaled(sx, sy), s, flip)
+        sx, sy = _draft(img, img.size[0] * self.size / float(w), img.size[1] * self.size / float(h))
+        return crop_resize(rgb(img, path), Box.from_crop(top, left, h, w).scaled(sx, sy), self.size, flip)
 
 
 def resized_center(width, height, resize, crop):
-    """((resized width, height), (left, top)): the size torchvision's Resize(resize) gives an image of
-    ``width`` x ``height``, and where CenterCrop(crop) then starts, in resized pixels."""
-    short, long_ = min(width, height), max(width, height)
-    new_long = int(resize * long_ / short)  # torchvision's Resize(int)
+    """((width, height) after torchvision's Resize(resize), (left, top) of CenterCrop(crop) in resized pixels)."""
+    new_long = int(resize * max(width, height) / min(width, height))  # torchvision's Resize(int)
     rw, rh = (resize, new_long) if width <= height else (new_long, resize)
     return (rw, rh), (int(round((rw - crop) / 2.0)), int(round((rh - crop) / 2.0)))
 
 
 def center_region(width, height, resize, crop):
-    """((resized width, height), Box): ``resized_center``, with the region that CenterCrop(crop) keeps given in
-    original pixels."""
+    """((resized width, height), Box): ``resized_center``, the region CenterCrop(crop) keeps in original pixels."""
     (rw, rh), (left, top) = resized_center(width, height, resize, crop)
-    fx, fy = width / float(rw), height / float(rh)  # resized -> original pixels
-    return (rw, rh), Box.from_crop(top, left, crop, crop).scaled(fx, fy)
+    return (rw, rh), Box.from_crop(top, left, crop, crop).scaled(width / float(rw), height / float(rh))
 
 
 class ValCrop:
-    """Resize(resize) + CenterCrop(crop) -> uint8 CHW (channels-last in memory), the image decoded at a draft
-    size that still covers the resized one. With torch's uint8 resize: torchvision's two steps as they are
-    (the whole image resized, then cropped); older torch or pillow-simd: the centre region scaled by one PIL
-    ``resize(box=...)``."""
+    """Resize(resize) + CenterCrop(crop) -> uint8 CHW (channels-last), decoded at a draft size covering the resized
+    one; torchvision's two steps with ``torch_resize``, else the centre region by one PIL ``resize(box=...)``."""
 
     def __init__(self, resize, crop):
         self.resize, self.crop = resize, crop
@@ -113,32 +93,21 @@ class ValCrop:
             sx, sy = _draft(img, rw, rh)
             return crop_resize(rgb(img, path), box.scaled(sx, sy), self.crop)
         _draft(img, rw, rh)
-        c = self.crop
         x = pil_to_hwc(rgb(img, path)).permute(2, 0, 1).unsqueeze(0)
         out = F.interpolate(x, size=(rh, rw), mode="bilinear", antialias=True, align_corners=False)
-        return out[0, :, top:top + c, left:left + c].permute(1, 2, 0).contiguous().permute(2, 0, 1)
+        return out[0, :, top:top + self.crop, left:left + self.crop].permute(1, 2, 0).contiguous().permute(2, 0, 1)
 
 
-def train_transform(crop, scale_min=0.08):
-    return TrainCrop(crop, scale_min)
-
-
-def val_transform(resize, crop):
-    return ValCrop(resize, crop)
+train_transform, val_transform = TrainCrop, ValCrop  # (crop, scale_min=0.08), (resize, crop)
 
 
 class Normalizer:
-    """uint8 NCHW batch (host or device) -> normalised float32 on the device, in the model's memory format.
-
-    A channels-last batch (``channels_last_collate``) is normalised through its NHWC view, a row of pixels at
-    a time against per-row mean and std vectors: the same arithmetic (subtract, divide) as the NCHW path,
-    without its three-element inner loop or a layout change."""
+    """uint8 NCHW batch -> normalised float32 on the device in the model's memory format; a channels-last batch via
+    its NHWC view against per-row mean and std vectors (no three-element inner loop, no layout change)."""
 
     def __init__(self, device, channels_last=False):
-        self.device = device
-        self.channels_last = channels_last
-        self.mean = device.move(torch.tensor(MEAN).mul(255))
-        self.std = device.move(torch.tensor(STD).mul(255))
+        self.device, self.channels_last = device, channels_last
+        self.mean, self.std = (device.move(torch.tensor(v).mul(255)) for v in (MEAN, STD))
         self._rows = {}
 
     def __call__(self, images):

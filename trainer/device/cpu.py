@@ -4,7 +4,6 @@ import torch
 
 from trainer.device import host, shims
 from trainer.device.base import Device
-from trainer.errors import UsageError
 
 
 class CpuDevice(Device):
@@ -13,20 +12,15 @@ class CpuDevice(Device):
     numbered = False
     tensors_on_host = True
     dist_backend = "gloo"
-    supports_sync_bn = False
-    supports_apex = False
-    # oneDNN's convolutions run NHWC (bench/channels_last.py, docs/BENCHMARKS.md)
-    prefers_channels_last = True
-    # its flags do not tell whether bfloat16 autocast beats float32 (0.64x and 1.87x measured on two 2-core
-    # AVX-512 BF16 CPUs): where it has native bfloat16, auto times the run's model in both (docs/PRECISION.md)
+    supports_sync_bn = supports_apex = False
+    prefers_channels_last = True  # oneDNN's convolutions run NHWC (bench/channels_last.py, docs/BENCHMARKS.md)
+    # its flags do not tell whether bfloat16 autocast beats float32 (0.64x and 1.87x on two 2-core AVX-512 BF16
+    # CPUs): where it has native bfloat16, auto times the run's model in both (docs/PRECISION.md)
     measures_amp_dtype = True
     non_blocking = False
     binds_host_cores = False  # a CPU run binds nothing unless asked (--cpu-binding on)
-    # several ranks of a node split its cores' compute threads (torch.set_num_threads), bound or not
-    computes_on_host_cores = True
-    # the device backend crops image by image (torch's uint8 resize) rather than in one batched roi_align per
-    # batch, which pays on accelerators (launches) and not on a CPU
-    crops_per_image = True
+    computes_on_host_cores = True  # a node's ranks split its cores' compute threads (torch.set_num_threads)
+    crops_per_image = True  # torch's uint8 resize per image: a batched roi_align pays on accelerators (launches) only
     # no decode-ahead thread: it would split the same cores with the step (ShuffleNetV2 x0.5, 2 cores: 0.83x the
     # images/s; docs/BENCHMARKS.md)
 
@@ -38,18 +32,15 @@ class CpuDevice(Device):
     def settings_problem(cls, section):
         if section.pin_memory == "on":
             return "--pin-memory on: pinned memory serves copies to an accelerator; drop it on CPU"
-        return Device.settings_problem.__func__(cls, section)
+        return super().settings_problem(section)
 
     @classmethod
     def default_workers(cls, procs_per_node, cpus=None):
-        """On a CPU the data-loader workers take cores from the model's own computation: pytorch/examples' 4,
-        at most this process's share of the cores."""
+        """Workers take cores from the model's own computation: pytorch/examples' 4, at most the process's share."""
         share = (cpus or host.usable_cpus()) // max(1, procs_per_node)
         return max(1, min(4, share))
 
     def _auto_amp_dtype(self):
-        """bfloat16 only where the CPU has native bfloat16 instructions, else None (float32: bfloat16 autocast
-        there is many times slower than float32)."""
         if host.cpu_native_bf16():
             return torch.bfloat16, None
         return None, ("--amp: this CPU has no native bfloat16 (no avx512_bf16 or AMX), where bfloat16 "
@@ -59,16 +50,10 @@ class CpuDevice(Device):
     def _bfloat16_note(self):
         if not host.cpu_native_bf16():
             return "--amp-dtype bfloat16: this CPU has no native bfloat16: expect float32 to be several times faster"
-        return None
 
     def float16_missing(self):
         if not shims._has_amp_grad_scaler():
             return "on CPU needs torch >= 2.3 (CPU GradScaler); this is torch {}".format(torch.__version__)
-        return None
-
-    def _autocast_before_1_10(self, dtype):
-        raise UsageError("--amp on CPU needs torch >= 1.10 (bfloat16 autocast); this is torch {}"
-                         .format(torch.__version__))
 
     def compile_warning(self, dtype):
         """Where graph mode measured slower than eager (docs/BENCHMARKS.md "Graph mode")."""
@@ -81,11 +66,9 @@ class CpuDevice(Device):
             return ("--compile on a CPU without AVX-512 trained no faster than eager where measured (0.92-1.03x the "
                     "eager images/s, ShuffleNetV2 and ResNet18 float32 on a 2-core AVX2 CPU; docs/RUNNING.md "
                     "\"Graph mode\")")
-        return None
 
     def _make_jpeg_decoder(self, tio, rgb):
-        """torchvision's libjpeg decode (what tests exercise)."""
-        def decode(raws):
+        def decode(raws):  # torchvision's libjpeg decode
             with shims._quiet_stderr():  # libjpeg prints "Corrupt JPEG data" itself; the trainer names the file
                 return [tio.decode_jpeg(r, mode=rgb) for r in raws]
         return decode

@@ -8,16 +8,15 @@ import threading
 import torch
 
 from trainer.device import shims
-from trainer.device.base import Device
+from trainer.device.base import Device, Handoff
 
 
 def cuda_native_bf16(index=None):
     """Whether the CUDA device computes bfloat16 natively (compute capability 8.0 or newer)."""
     try:
-        major, _ = torch.cuda.get_device_capability(index)
+        return torch.cuda.get_device_capability(index)[0] >= 8
     except Exception:
         return False
-    return major >= 8
 
 
 class StreamHandoff:
@@ -53,9 +52,7 @@ class CudaDevice(Device):
     dist_backend = collective_library = "nccl"
     pin_memory = True
     prefers_torch_fused_sgd = True
-    # the device backend prepares the next batch in a thread of its own: the host would otherwise wait for
-    # nvJPEG between steps
-    decode_ahead = True
+    decode_ahead = True  # the next batch in a thread of its own: the host would otherwise wait for nvJPEG between steps
 
     def __init__(self, kind=None, index=None):
         Device.__init__(self, kind, index)
@@ -74,12 +71,13 @@ class CudaDevice(Device):
     def _make_current(self):
         torch.cuda.set_device(self.index)
 
+    bind_thread = _make_current
+
     def _model_name(self):
         return torch.cuda.get_device_name(self.index)
 
     def upload(self, tensor):
-        """Without waiting for the current stream: CUDA copies from pageable memory wait for the stream's queued
-        work; from pinned memory they do not."""
+        """Not waiting for queued work: CUDA copies from pageable memory wait for the stream; pinned ones do not."""
         return tensor.pin_memory().to(self.torch_device, non_blocking=True)
 
     def synchronize(self):
@@ -92,32 +90,19 @@ class CudaDevice(Device):
     def _bfloat16_note(self):
         if not cuda_native_bf16(self.index):
             return "--amp-dtype bfloat16: this GPU has no native bfloat16 (emulated, slow)"
-        return None
 
-    def _autocast_before_1_10(self, dtype):
-        return torch.cuda.amp.autocast()
-
-    def _reduced_float32_switches(self):
+    def _reduced_float32_switches(self, hf32=False):
         return [(torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32")]
-
-    def bind_thread(self):
-        torch.cuda.set_device(self.index)
 
     @contextlib.contextmanager
     def data_work(self):
-        """The data backend's device work runs on a stream of its own, so that it overlaps the training step;
-        ``handoff(t)`` registers each result. After the block, ``handoff.receive()``, called by the thread that
-        trains with the results (this one or another), makes the training stream wait for that work and keeps the
-        results' memory until the training stream is done with them. The stream is drained first, so memory freed
-        by the previous batch's work is idle when the decoder (which writes from a stream of its own) is handed
-        it. Nested calls share the outer one."""
-        if getattr(self._data_thread, "active", False):
-            with Device.data_work(self) as handoff:
-                yield handoff
+        """The data work on a stream of its own, overlapping the step; ``handoff.receive()`` in the training thread
+        makes its stream wait for that work and keep the results' memory. The stream is drained first, so memory freed
+        by the previous batch's work is idle when the decoder (which writes from its own stream) is handed it."""
+        if getattr(self._data_thread, "active", False):  # nested: on the outer call's stream
+            yield Handoff()
             return
-        if self._data_stream is None:
-            self._data_stream = torch.cuda.Stream(self.torch_device)
-        side = self._data_stream
+        side = self._data_stream = self._data_stream or torch.cuda.Stream(self.torch_device)
         handoff = StreamHandoff(side)
         side.synchronize()
         self._data_thread.active = True
@@ -129,34 +114,28 @@ class CudaDevice(Device):
         handoff.seal()
 
     def _make_jpeg_decoder(self, tio, rgb):
-        """``torchvision.io.decode_jpeg(..., device=...)`` (nvJPEG; one batched call where torchvision takes a
-        list, 0.19+)."""
+        """``torchvision.io.decode_jpeg(..., device=...)`` (nvJPEG)."""
         if "device" not in inspect.signature(tio.decode_jpeg).parameters:
             return None
         batched = shims._torchvision_version() >= (0, 19)  # a list is decoded in one batched nvJPEG call
         dev = self.torch_device
 
         def decode(raws):
-            # torchvision's CUDA decoder allocates its outputs on the current stream but writes them from a
-            # private stream that does not wait for the current one, so it can be handed (and overwrite)
-            # memory that kernels queued on the current stream still read: a training step's activations,
-            # which then turn to NaN. So it runs only inside ``data_work``: a stream of its own, drained
-            # before each batch, whose results the training stream waits for and marks as its own.
-            with self.data_stream() as handoff:
+            # torchvision's CUDA decoder allocates on the current stream but writes from a private one that does not
+            # wait for it, so it can overwrite memory that queued kernels still read (a step's activations turn to
+            # NaN). Hence ``data_work``: a stream of its own, drained before each batch, that training waits for.
+            with self.data_work() as handoff:
                 out = tio.decode_jpeg(raws, mode=rgb, device=dev) if batched else \
                     [tio.decode_jpeg(r, mode=rgb, device=dev) for r in raws]
-                for t in out:
-                    handoff(t)
+                out = [handoff(t) for t in out]
+            handoff.receive()  # this thread trains with the results
             return out
         return decode
 
-    def manual_seed(self, seed):
-        torch.manual_seed(seed)  # seeds the CPU and every CUDA device
-
-    def _deterministic_extra(self):
+    def deterministic(self):
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic workspace
-        return ["cudnn.deterministic", "cudnn.benchmark off", "CUBLAS_WORKSPACE_CONFIG"]
+        return Device.deterministic(self) + ", cudnn.deterministic, cudnn.benchmark off, CUBLAS_WORKSPACE_CONFIG"
 
     def rng_state(self):
         return torch.cuda.get_rng_state(self.torch_device)
@@ -165,5 +144,6 @@ class CudaDevice(Device):
         if state is not None:
             torch.cuda.set_rng_state(state.cpu(), self.torch_device)
 
-    def _profiler_extra(self, prof):
-        return [prof.ProfilerActivity.CUDA]
+    def profiler_activities(self):
+        prof, activities = Device.profiler_activities(self)
+        return prof, activities + [prof.ProfilerActivity.CUDA]

@@ -14,31 +14,28 @@ def usable_cpus():
         return os.cpu_count() or 1
 
 
-def _cpuinfo_flags(path="/proc/cpuinfo"):
-    """The CPU feature flags of /proc/cpuinfo (x86 "flags", aarch64 "Features"); empty if unreadable."""
+def _cpuinfo(keys, path):
+    """The value of /proc/cpuinfo's first line whose key is in ``keys``; '' if none or unreadable."""
     try:
         with open(path) as f:
             for line in f:
-                key = line.split(":", 1)[0].strip().lower()
-                if key in ("flags", "features"):
-                    return set(line.split(":", 1)[1].split())
+                key, _, value = line.partition(":")
+                if key.strip().lower() in keys:
+                    return value
     except OSError:
         pass
-    return set()
+    return ""
+
+
+def _cpuinfo_flags(path="/proc/cpuinfo"):
+    """The CPU feature flags of /proc/cpuinfo (x86 "flags", aarch64 "Features"); empty if unreadable."""
+    return set(_cpuinfo(("flags", "features"), path).split())
 
 
 def cpu_identity(path="/proc/cpuinfo"):
     """This CPU's kind as one string (its model name and a digest of its feature flags; the platform's name where
     /proc/cpuinfo is unreadable): the key under which measured verdicts about it are kept."""
-    name = None
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.split(":", 1)[0].strip().lower() in ("model name", "cpu model"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    name = _cpuinfo(("model name", "cpu model"), path).strip()
     flags = " ".join(sorted(_cpuinfo_flags(path)))
     return "{} ({} cores, flags {})".format(name or platform.processor() or platform.machine(), usable_cpus(),
                                            hashlib.sha1(flags.encode()).hexdigest()[:12])
@@ -59,27 +56,16 @@ def user_allocator_choice(environ=None):
 
 
 def keep_host_memory(kind, environ=None, tensors_on_host=True):
-    """On a CPU run, make glibc's malloc keep freed memory for the next step instead of returning it.
-
-    A training step frees and allocates the same large activations every step. glibc serves blocks over
-    32 MiB (and, by default, anything its trim threshold lets go) straight from the OS, so each step
-    page-faults its activations in again: on a 2-core AVX2 machine that was a third of a ShuffleNetV2 x0.5
-    step (docs/BENCHMARKS.md, "Host memory"). ``mallopt(M_MMAP_MAX, 0)`` and an unlimited
-    ``M_TRIM_THRESHOLD`` keep the heap at its peak instead: the process's memory does not shrink after
-    its largest step. Left alone where the user chose an allocator (``LD_PRELOAD``) or glibc settings
-    (any ``MALLOC_*`` variable: ``MALLOC_PERTURB_=0`` changes nothing in glibc and so keeps its default;
-    setting a threshold such as ``MALLOC_TRIM_THRESHOLD_`` also turns off glibc's dynamic mmap threshold), on devices
-    whose tensors are not in host memory, and where the C library is not glibc. Returns a short
-    description (summary.json's ``host_memory``); the first call decides for the process. ``tensors_on_host``:
-    whether devices of ``kind`` keep their tensors in host memory (``Device.tensors_on_host``)."""
+    """Where ``kind``'s tensors live in host memory, keep the heap at its peak (no mmap, no trim): glibc serves blocks
+    over 32 MiB (and what its trim threshold lets go) from the OS, so each step page-faulted its activations in again,
+    a third of a ShuffleNetV2 x0.5 step on 2 AVX2 cores (docs/BENCHMARKS.md, "Host memory"). Left alone where the
+    user chose an allocator (``LD_PRELOAD``) or glibc settings (any ``MALLOC_*``: ``MALLOC_PERTURB_=0`` keeps glibc's
+    default; a threshold such as ``MALLOC_TRIM_THRESHOLD_`` also ends its dynamic mmap threshold) and off glibc.
+    Returns a short description (summary.json's ``host_memory``); the first call decides for the process."""
     if _HOST_MEMORY:
         return _HOST_MEMORY[0]
-    chosen = user_allocator_choice(environ)
-    if not tensors_on_host:
-        what = "system allocator (tensors on {})".format(kind)
-    elif chosen:
-        what = chosen
-    else:
+    what = user_allocator_choice(environ) if tensors_on_host else "system allocator (tensors on {})".format(kind)
+    if what is None:
         what = "system allocator (not glibc)"
         try:
             import ctypes
@@ -95,11 +81,8 @@ def keep_host_memory(kind, environ=None, tensors_on_host=True):
 
 
 def cpu_native_bf16():
-    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 / AMX, Arm bf16).
-
-    torch's own probes (``torch.cpu._is_avx512_bf16_supported``, torch >= 2.1) where present,
-    /proc/cpuinfo's flags otherwise.
-    """
+    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 / AMX, Arm bf16): torch's own probes (torch >=
+    2.1) where present, /proc/cpuinfo's flags otherwise."""
     probes = [getattr(getattr(torch, "cpu", None), n, None) for n in ("_is_avx512_bf16_supported",
                                                                        "_is_amx_tile_supported")]
     if platform.machine().lower() in ("x86_64", "amd64") and all(p is not None for p in probes):
@@ -107,7 +90,6 @@ def cpu_native_bf16():
             return any(bool(p()) for p in probes)
         except Exception:
             pass
-    flags = _cpuinfo_flags()
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return bool(_cpuinfo_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 

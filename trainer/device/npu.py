@@ -15,26 +15,21 @@ class NpuDevice(Device):
     kind = "npu"
     auto_rank = 0  # --device auto takes an NPU first
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
-    # The Ascend guide: on NPU the process group is initialised from environment variables only
-    rendezvous_schemes = ("env://",)
+    rendezvous_schemes = ("env://",)  # the Ascend guide: the process group from environment variables only
     supported_devices_per_node = (1, 2, 4, 8)  # the Ascend guide's collectives
     dist_backend = collective_library = "hccl"
     guides_train_with_amp = True
     default_apex_loss_scale = 1024.0  # the Ascend guide's parser default (static)
     pin_memory = False  # until ``configure``: on with torch 2.x, off on 1.11 as its guide (npu_settings.py)
-    # int64 targets fall back to slow AI-CPU kernels on Ascend (and so do int64 index tensors)
-    target_dtype = torch.int32
-    index_dtype = torch.int32
+    target_dtype = index_dtype = torch.int32  # int64 targets and indices fall back to slow AI-CPU kernels on Ascend
     # no decode-ahead thread: DVPP beside a training thread has not been tried
 
     @classmethod
     def count(cls):
-        npu = npu_module()
-        if npu is None:
-            return 0
         try:
-            return int(npu.npu.device_count()) if npu.npu.is_available() else 0
-        except Exception:
+            npu = npu_module().npu
+            return int(npu.device_count()) if npu.is_available() else 0
+        except Exception:  # no torch_npu (None has no .npu), or its runtime failed
             return 0
 
     @classmethod
@@ -51,7 +46,6 @@ class NpuDevice(Device):
         if where:
             return ("this host has Ascend's stack ({}) but no torch_npu: install the torch-npu release of this "
                     "torch (docs/RUNNING.md, NPU), or pass --device cpu to train on the CPU on purpose".format(where))
-        return None
 
     @classmethod
     def missing(cls):
@@ -67,28 +61,30 @@ class NpuDevice(Device):
                 "--device cuda/cpu")
 
     @classmethod
-    def default_amp_impl(cls):
-        """torch_npu's native autocast + GradScaler, which Ascend's AMP guide recommends over apex today; Ascend
-        apex.amp only on torch_npu 1.11 (whose porting guide trains with it) where it is installed. Reasons:
-        docs/PRECISION.md, "NPU: native or apex"."""
+    def _before_2_1(cls):
+        """torch_npu imports and is a 1.11 build (older than 2.1)."""
         npu = npu_module()
-        legacy = npu is not None and shims.major_minor(getattr(npu, "__version__", "0")) < (2, 1)
-        return "apex" if legacy and runtime.apex_amp() is not None else "native"
+        return npu is not None and shims.major_minor(getattr(npu, "__version__", "0")) < (2, 1)
+
+    @classmethod
+    def default_amp_impl(cls):
+        """Native autocast + GradScaler, which Ascend's AMP guide recommends; Ascend apex.amp where installed on
+        torch_npu 1.11, whose porting guide trains with it (docs/PRECISION.md, "NPU: native or apex")."""
+        return "apex" if cls._before_2_1() and runtime.apex_amp() is not None else "native"
 
     @classmethod
     def visible_devices_problem(cls):
         """The Ascend runtime maps ASCEND_RT_VISIBLE_DEVICES only when it lists devices in ascending order."""
-        env = cls.visible_devices_env
-        if not os.environ.get(env):
-            return None
-        listed = [s.strip() for s in os.environ[env].split(",") if s.strip()]
+        value = os.environ.get(cls.visible_devices_env, "")
+        listed = [s.strip() for s in value.split(",") if s.strip()]
         if any(not s.isdigit() for s in listed) or [int(s) for s in listed] != sorted(int(s) for s in listed):
             return ("{}={} must list devices in ascending order (the Ascend runtime fails to map them "
-                    "otherwise)".format(env, os.environ[env]))
-        return None
+                    "otherwise)".format(cls.visible_devices_env, value))
 
     def _make_current(self):
         npu_module().npu.set_device(self.name)
+
+    bind_thread = _make_current
 
     @classmethod
     def settings_problem(cls, section):
@@ -99,10 +95,7 @@ class NpuDevice(Device):
         """torch_npu binds its ranks by itself where ``CPU_AFFINITY_CONF`` asks (mode 1 or 2; every PyPI torch_npu,
         2.1.0.post17 to 2.14.0, reads it in libtorch_npu.so; 1.11 builds do not)."""
         conf = environ.get("CPU_AFFINITY_CONF", "").strip()
-        npu = npu_module()
-        if not conf or conf.split(",")[0].strip() in ("0", "mode:0") or npu is None:
-            return None
-        if shims.major_minor(getattr(npu, "__version__", "0")) < (2, 1):
+        if npu_module() is None or not conf or conf.split(",")[0].strip() in ("0", "mode:0") or cls._before_2_1():
             return None
         return "torch_npu (CPU_AFFINITY_CONF={})".format(conf)
 
@@ -110,7 +103,8 @@ class NpuDevice(Device):
         """The runtime settings of today's ModelZoo entries (npu_settings.py), after set_device."""
         out = npu_settings.apply(npu_module(), self._model_name(), section)
         self.pin_memory = out["pin_memory"]
-        self.pin_memory_device = self.kind if self.pin_memory and npu_settings.pin_memory_device_arg() else None
+        if self.pin_memory and shims.major_minor(torch.__version__) < (2, 8):  # torch's DataLoader: npu_settings.py
+            self.pin_memory_device = self.kind
         return out
 
     def _model_name(self):
@@ -126,33 +120,25 @@ class NpuDevice(Device):
         bf16 = getattr(npu_module().npu, "is_bf16_supported", None)
         if bf16 is None or not bf16():
             raise UsageError("--amp-dtype bfloat16: this NPU (or torch_npu) has no bfloat16; use --amp-dtype float16")
-        return None
 
     def autocast(self, dtype):
         if dtype is None:
             return Device.autocast(self, None)
         return npu_module().npu.amp.autocast(dtype=dtype)
 
-    def _reduced_float32_switches(self):
+    def _reduced_float32_switches(self, hf32=False):
         npu = npu_module().npu
-        return [(m, "allow_hf32") for m in (getattr(npu, "conv", None), getattr(npu, "matmul", None))
-                if m is not None and hasattr(m, "allow_hf32")]
-
-    def _hf32_switches(self):
-        conv = getattr(npu_module().npu, "conv", None)  # ModelZoo's ALLOW_HF32 sets torch.npu.conv.allow_hf32 only
-        return [(conv, "allow_hf32")] if conv is not None and hasattr(conv, "allow_hf32") else []
+        names = ("conv",) if hf32 else ("conv", "matmul")  # ModelZoo's ALLOW_HF32 sets torch.npu.conv's only
+        return [(getattr(npu, n), "allow_hf32") for n in names if hasattr(getattr(npu, n, None), "allow_hf32")]
 
     def grad_scaler(self, loss_scale=None):
         """torch_npu's GradScaler, built dynamic (see ``Device.grad_scaler``)."""
         amp = npu_module().npu.amp
-        kwargs = {"init_scale": 65536.0 if loss_scale is None else float(loss_scale)}
-        if "dynamic" in inspect.signature(amp.GradScaler).parameters:
-            kwargs["dynamic"] = True
-        return amp.GradScaler(**kwargs)
+        dynamic = {"dynamic": True} if "dynamic" in inspect.signature(amp.GradScaler).parameters else {}
+        return amp.GradScaler(init_scale=65536.0 if loss_scale is None else float(loss_scale), **dynamic)
 
     def native_fused_sgd(self, apex_amp_in_use=False):
-        """torch_npu's NpuFusedSGD (apex's with apex.amp, where Ascend apex has it). Its gradients live in one
-        flat buffer (zero_grad keeps them)."""
+        """torch_npu's NpuFusedSGD (with apex.amp: Ascend apex's, where it has one): one flat gradient buffer, kept."""
         opt_cls = getattr(getattr(npu_module(), "optim", None), "NpuFusedSGD", None)
         name = "torch_npu.optim.NpuFusedSGD"
         if apex_amp_in_use:
@@ -164,22 +150,17 @@ class NpuDevice(Device):
         return (opt_cls, name) if opt_cls is not None else None
 
     def compile(self, model, mode):
-        """torchair, torch_npu's graph backend (its graph engine, GE), through torch.compile with static shapes
-        (the loaders drop the last partial batch), as Ascend's TorchAir guide compiles a training model. Without
-        torchair (torch_npu before 2.1): eager, with a note."""
+        """torch.compile with torchair, torch_npu's graph engine, and static shapes (the loaders drop the last partial
+        batch), as Ascend's TorchAir guide compiles training; without torchair (before 2.1): eager, with a note."""
         tng = runtime.torchair()
         if tng is None:
             return model, None, ("--compile: this torch_npu has no torchair (its graph backend, in torch_npu >= 2.1): "
                                  "training eagerly")
         backend = tng.get_npu_backend(compiler_config=tng.CompilerConfig())
-        note = None
-        if mode != "default":
-            note = ("--compile-mode {} is torch's inductor's; on NPU torchair compiles the training step with its "
-                    "graph engine (its own reduce-overhead mode is for inference)".format(mode))
+        note = None if mode == "default" else (
+            "--compile-mode {} is torch's inductor's; on NPU torchair compiles the training step with its "
+            "graph engine (its own reduce-overhead mode is for inference)".format(mode))
         return shims.torch_compile(model, backend=backend, dynamic=False), "torchair", note
-
-    def bind_thread(self):
-        npu_module().npu.set_device(self.name)
 
     def jpeg_decoder_missing(self):
         return "the device backend on NPU needs torchvision_npu (Ascend's DVPP decode for torchvision)"
@@ -200,9 +181,9 @@ class NpuDevice(Device):
         torch.manual_seed(seed)
         npu_module().npu.manual_seed_all(seed)
 
-    def _deterministic_extra(self):
+    def deterministic(self):
         os.environ["HCCL_DETERMINISTIC"] = "True"  # HCCL's reductions in a fixed order (read by later groups)
-        return ["HCCL_DETERMINISTIC"]
+        return Device.deterministic(self) + ", HCCL_DETERMINISTIC"
 
     def rng_state(self):
         return npu_module().npu.get_rng_state()
@@ -212,8 +193,7 @@ class NpuDevice(Device):
             npu_module().npu.set_rng_state(state.cpu())
 
     def profiler_activities(self):
-        """torch_npu's profiler; where the installed torch_npu has none (the 1.11 builds before it was added), the
-        guide's ``torch.autograd.profiler.profile(use_npu=True)``, whose ``key_averages`` gives the op table."""
+        """torch_npu's profiler; without one (early 1.11 builds) the guide's autograd profiler with ``use_npu=True``."""
         prof = getattr(npu_module(), "profiler", None)
         if prof is None:
             return shims.autograd_profiler(use_npu=True), ["cpu", self.kind]

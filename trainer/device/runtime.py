@@ -53,8 +53,7 @@ def import_gist(error):
 
 
 def torchair():
-    """torch_npu's graph backend, ``torchair`` (torch_npu >= 2.1 ships it inside and makes ``import torchair`` work
-    once torch_npu is imported; its real import happens on first use), if it loads; else None."""
+    """torch_npu's graph backend ``torchair`` (torch_npu >= 2.1: importable after torch_npu) if it loads, else None."""
     if npu_module() is None:
         return None
     try:
@@ -65,11 +64,7 @@ def torchair():
 
 
 def apex_amp():
-    """``apex.amp`` (NVIDIA's or Ascend's) if it imports, else None.
-
-    The PyPI package called "apex" is an unrelated web toolkit: it imports as ``apex``
-    but has no ``amp``, and is treated as absent.
-    """
+    """``apex.amp`` (NVIDIA's or Ascend's) if it imports, else None (PyPI's "apex", a web toolkit, has no amp)."""
     try:
         from apex import amp  # noqa: F401
     except Exception:
@@ -81,7 +76,3 @@ def apex_supports(option):
     """Whether the installed apex.amp.initialize takes ``option`` (e.g. combine_ddp: Ascend apex only)."""
     amp = apex_amp()
     return amp is not None and option in inspect.signature(amp.initialize).parameters
-
-
-def reset():
-    _npu["module"] = _npu["error"] = None

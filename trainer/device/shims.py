@@ -26,15 +26,13 @@ def has_torch_compile():
     return hasattr(torch, "compile")  # torch >= 2.0
 
 
-# torch's loggers that warn on stderr while compiling: "No CUDA runtime is found, using CUDA_HOME=..." on a machine
-# without CUDA, "Profiler record function ... will be ignored" from DDP's forward, graph breaks. A run's stderr is
-# one line, for an error (docs/RUNNING.md); TORCH_LOGS, torch's own switch, shows them again.
+# torch's loggers that warn on stderr while compiling ("No CUDA runtime is found, using CUDA_HOME=...", "Profiler record
+# function ... will be ignored" from DDP's forward, graph breaks): a run's stderr is one line, for an error (RUNNING.md)
 _COMPILE_LOGGERS = ("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension")
 
 
 def torch_compile(model, **kwargs):
-    """torch.compile (torch >= 2.0: callers check ``has_torch_compile``), its loggers kept to errors unless
-    TORCH_LOGS asks for more."""
+    """torch.compile (torch >= 2.0: callers check ``has_torch_compile``); its loggers at errors unless TORCH_LOGS."""
     if not os.environ.get("TORCH_LOGS"):
         for name in _COMPILE_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -45,9 +43,8 @@ def torch_compile(model, **kwargs):
 
 
 def ema_multi_avg_fn(decay):
-    """torch's EMA update of a list of tensors towards another, ``fn(ema, model, n_averaged)``:
-    ``torch.optim.swa_utils.get_ema_multi_avg_fn`` (torch >= 2.1: one foreach lerp), else the same update tensor by
-    tensor (ema += (1 - decay) x (model - ema))."""
+    """torch's EMA update ``fn(ema, model, n_averaged)`` of tensor lists: ``swa_utils.get_ema_multi_avg_fn`` (torch >=
+    2.1: one foreach lerp), else the same update tensor by tensor (ema += (1 - decay) x (model - ema))."""
     from torch.optim import swa_utils
     make = getattr(swa_utils, "get_ema_multi_avg_fn", None)
     if make is not None:
@@ -64,9 +61,8 @@ def ema_multi_avg_fn(decay):
 
 
 def averaged_model(model, multi_avg_fn):
-    """torch's ``AveragedModel`` of ``model``: a copy on the model's device, its buffers averaged too, its
-    ``n_averaged`` on the host; ``multi_avg_fn`` where this torch's AveragedModel takes one (>= 2.1), else the
-    same function as its per-tensor ``avg_fn``."""
+    """torch's ``AveragedModel`` of ``model`` (buffers averaged too, ``n_averaged`` on the host) with ``multi_avg_fn``
+    where this torch takes one (>= 2.1), else the same function as its per-tensor ``avg_fn``."""
     from torch.optim.swa_utils import AveragedModel
     params = inspect.signature(AveragedModel).parameters
     kwargs = {"use_buffers": True} if "use_buffers" in params else {}
@@ -85,27 +81,22 @@ _OUT_OF_MEMORY = ("out of memory",  # CUDA ("CUDA out of memory"), torch_npu ("N
 
 
 def out_of_memory(exc):
-    """Whether ``exc`` is an allocation that failed on the device or the host: torch.cuda.OutOfMemoryError
-    (torch >= 1.13), a RuntimeError with the allocator's words (older torch, torch_npu, the CPU), MemoryError."""
-    if isinstance(exc, MemoryError):
-        return True
-    cuda_oom = getattr(torch.cuda, "OutOfMemoryError", None)
-    if cuda_oom is not None and isinstance(exc, cuda_oom):
-        return True
-    return isinstance(exc, RuntimeError) and any(t in str(exc) for t in _OUT_OF_MEMORY)
+    """Whether ``exc`` is an allocation that failed on the device or the host: MemoryError, torch.cuda.OutOfMemoryError
+    (torch >= 1.13), a RuntimeError with the allocator's words (older torch, torch_npu, the CPU)."""
+    cuda_oom = getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+    return isinstance(exc, (MemoryError, cuda_oom)) or (
+        isinstance(exc, RuntimeError) and any(t in str(exc) for t in _OUT_OF_MEMORY))
 
 
 def without_storage():
-    """A context in which modules are built on the meta device (shapes, no memory, no initialisation cost):
-    torch >= 2.0 (``torch.device`` as a context manager); on older torch nothing changes (built on the CPU)."""
+    """A context building modules on the meta device (shapes, no memory; torch >= 2.0); older torch: on the CPU."""
     meta = torch.device("meta")
     return meta if hasattr(meta, "__enter__") else contextlib.nullcontext()
 
 
 def torch_load(path, map_location="cpu", weights_only=True):
-    """torch.load with ``weights_only`` where this torch has it (>= 1.13). torch 2.0-2.2's weights-only
-    unpickler warns "TypedStorage is deprecated" on every file (its own use, nothing of the caller's):
-    that warning is silenced here so that a run's stderr keeps to its one-line contract."""
+    """torch.load with ``weights_only`` where this torch has it (>= 1.13); torch 2.0-2.2's "TypedStorage is
+    deprecated" warning on every file (its own use, nothing of the caller's) is silenced: a run's stderr is one line."""
     kwargs = {"map_location": map_location}
     if "weights_only" in inspect.signature(torch.load).parameters:
         kwargs["weights_only"] = weights_only
@@ -122,12 +113,8 @@ def torch_load(path, map_location="cpu", weights_only=True):
 
 
 class UnsafeCheckpoint(Exception):
-    """torch's weights-only loader refused a file: it holds Python objects beyond tensors and plain data
-    (``what``: the first such class, where torch names it), and unpickling them could run code."""
-
-    def __init__(self, what):
-        Exception.__init__(self, what)
-        self.what = what
+    """The weights-only loader refused a file's Python objects (unpickling may run code); ``what``: the first class."""
+    what = property(lambda self: self.args[0])
 
 
 @contextlib.contextmanager
@@ -152,9 +139,8 @@ def uint8_antialias_resize():
     """Whether ``F.interpolate`` resizes uint8 images with antialiasing here (torch >= 2.1, a vectorised CPU
     kernel about 3x faster than PIL's resize: docs/BENCHMARKS.md); older torch resizes with PIL."""
     if not _UINT8_RESIZE:
-        major_minor = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
         try:
-            if major_minor < (2, 1):  # 2.0 takes uint8 too, without the vectorised kernel
+            if major_minor(torch.__version__) < (2, 1):  # 2.0 takes uint8 too, without the vectorised kernel
                 raise NotImplementedError
             x = torch.zeros((1, 3, 4, 4), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
             ok = torch.nn.functional.interpolate(x, size=(2, 2), mode="bilinear", antialias=True,
@@ -165,31 +151,20 @@ def uint8_antialias_resize():
     return _UINT8_RESIZE[0]
 
 
-class _AutogradProfile:
-    """``torch.autograd.profiler.profile(**device_flag)`` (a vendor's older profiler: torch_npu 1.11's
-    ``use_npu=True``) with torch.profiler's ``start``/``stop``; ``key_averages`` and ``export_chrome_trace`` as
-    its own."""
-    device_flag = {}
-
-    def __init__(self, activities=None, record_shapes=False, **_):
-        self._prof = torch.autograd.profiler.profile(record_shapes=record_shapes, **self.device_flag)
-
-    def start(self):
-        self._prof.__enter__()
-
-    def stop(self):
-        self._prof.__exit__(None, None, None)
-
-    def key_averages(self, *args, **kwargs):
-        return self._prof.key_averages(*args, **kwargs)
-
-    def export_chrome_trace(self, path):
-        return self._prof.export_chrome_trace(path)
-
-
 def autograd_profiler(**device_flag):
-    """A profiler module (``.profile``) of torch.autograd.profiler with ``device_flag`` (e.g. use_npu=True)."""
-    return types.SimpleNamespace(profile=type("profile", (_AutogradProfile,), {"device_flag": dict(device_flag)}))
+    """A profiler module whose ``profile`` is ``torch.autograd.profiler.profile(**device_flag)`` (torch_npu 1.11's
+    ``use_npu=True``) with torch.profiler's ``start``/``stop``; its ``key_averages`` and ``export_chrome_trace`` are
+    on the class, where trainer/record/profiling.py looks for the op table."""
+    class profile(torch.autograd.profiler.profile):  # looked up now: torch_npu 1.11's torch fork takes use_npu
+        def __init__(self, activities=None, record_shapes=False, **_):
+            super().__init__(record_shapes=record_shapes, **device_flag)
+
+        def start(self):
+            self.__enter__()
+
+        def stop(self):
+            self.__exit__(None, None, None)
+    return types.SimpleNamespace(profile=profile)
 
 
 def major_minor(version):
@@ -206,8 +181,7 @@ def _torchvision_version():
 
 
 def _installed_version(dist, module):
-    """A package's version from its metadata (without importing it: torchvision's import costs seconds),
-    else from the module; None when it is not installed."""
+    """A package's version from its metadata (importing torchvision takes seconds), else its module's, else None."""
     try:
         from importlib import metadata  # novermin (3.8; Python 3.7 takes the module's __version__ below)
         return metadata.version(dist)
@@ -224,10 +198,5 @@ def versions():
            "torchvision": _installed_version("torchvision", "torchvision")}
     npu = sys.modules.get("torch_npu")
     out["torch_npu"] = getattr(npu, "__version__", "unknown") if npu is not None else None
-    amp = apex_amp()
-    if amp is not None:
-        import apex
-        out["apex"] = getattr(apex, "__version__", "present")
-    else:
-        out["apex"] = None
+    out["apex"] = getattr(sys.modules["apex"], "__version__", "present") if apex_amp() is not None else None
     return out

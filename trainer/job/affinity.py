@@ -1,32 +1,15 @@
-"""CPU core binding (``--cpu-binding``): each rank of a node, and the data-loader workers it starts, on a contiguous
-slice of the cores this process may use, NUMA node by NUMA node where the kernel tells them.
-
-Called once where every rank starts (``run.worker``: spawn's ranks, torchrun's and the shell loops' processes,
-the ModelZoo drivers' ranks), before the device and the loaders exist, so that every thread and child the rank
-makes inherits the slice:
-
-    auto  bind on an accelerator (the kind's ``binds_host_cores``), not on a CPU run; on; off.
-    A rank whose runtime binds by itself (torch_npu with ``CPU_AFFINITY_CONF`` set) is left to it; a process
-    already bound to fewer cores than its control group gives it (``taskset``/``numactl`` before main.py) keeps
-    its binding.
-
-The slice: the node's ranks are spread over the NUMA nodes in order (ranks 0..k-1 on the first, ...), and each
-node's cores are split evenly among its ranks (contiguous runs of core ids); with one NUMA node, or none known,
-the cores themselves are split. The result (what the kernel reports back) goes to the log and ``summary.json``.
-
-Compute threads (``torch.set_num_threads``), bound or not: a bound rank runs one per core of its slice; on a device
-whose ops run on the host's cores (a CPU: ``computes_on_host_cores``) each of a node's several unbound ranks runs
-its share, ``max(1, cores // ranks on the node)`` of the cores it may use (``sched_getaffinity``), or all of them
-where a launcher bound each rank before start (``taskset`` per rank, ``srun --cpu-bind``: this process on fewer
-cores than the one that started it). ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) set by the user wins; torchrun's
-own ``OMP_NUM_THREADS=1``, which it sets for several processes per node where the user set none, does not.
+"""CPU core binding (``--cpu-binding`` auto | on | off; auto: on an accelerator): each rank of a node, set before
+its device and loaders exist, on a contiguous slice of its cores, NUMA node by NUMA node. Left alone: a runtime
+that binds itself (torch_npu with ``CPU_AFFINITY_CONF``), a process already bound (``taskset``/``numactl``).
+Compute threads: one per core of a bound rank's slice; on a CPU, each of several unbound ranks gets its share
+(all its cores where a launcher bound it). The user's OMP_NUM_THREADS wins, torchrun's own =1 does not.
 """
+import contextlib
 import os
 
 from trainer.device import Device
 from trainer.record.lock import PARENT, proc_stat
 
-MODES = ("auto", "on", "off")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's own thread count comes from these
 NODE_ROOT = "/sys/devices/system/node"
 _state = {"node_cpus": None}  # the cores the node's ranks share, once this rank bound itself
@@ -36,10 +19,9 @@ def parse_cpulist(text):
     """``0-3,8,10-11`` (the kernel's list format) -> [0, 1, 2, 3, 8, 10, 11]."""
     out = []
     for part in text.strip().split(","):
-        if not part.strip():
-            continue
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
+        if part.strip():
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
     return out
 
 
@@ -52,21 +34,15 @@ def _read_list(path):
 
 
 def numa_nodes(cpus, root=NODE_ROOT):
-    """The NUMA nodes' cores among ``cpus``, node by node in id order (nodes without such cores left out);
-    [cpus] where the kernel tells no nodes."""
-    nodes = []
+    """The NUMA nodes' cores among ``cpus`` in node order (empty nodes left out); [cpus] where none are known."""
     try:
         names = sorted((n for n in os.listdir(root) if n.startswith("node") and n[4:].isdigit()),
                        key=lambda n: int(n[4:]))
     except OSError:
         names = []
     allowed = set(cpus)
-    for name in names:
-        listed = _read_list(os.path.join(root, name, "cpulist")) or []
-        mine = [c for c in listed if c in allowed]
-        if mine:
-            nodes.append(mine)
-    return nodes or [sorted(cpus)]
+    nodes = [[c for c in _read_list(os.path.join(root, n, "cpulist")) or [] if c in allowed] for n in names]
+    return [n for n in nodes if n] or [sorted(cpus)]
 
 
 def _split(items, parts, index):
@@ -76,8 +52,7 @@ def _split(items, parts, index):
 
 
 def plan(cpus, nodes, slot, per_node):
-    """The cores of the rank at ``slot`` (its local rank: 0..per_node-1 among the node's ``per_node`` ranks, never
-    a device id), and the NUMA nodes (indices) they lie on."""
+    """The cores of the rank at ``slot`` (its local rank among ``per_node``) and the NUMA nodes they lie on."""
     per_node = max(1, per_node)
     if per_node >= len(nodes):
         node = slot * len(nodes) // per_node
@@ -88,15 +63,6 @@ def plan(cpus, nodes, slot, per_node):
     return sorted(c for n in mine for c in nodes[n]), mine
 
 
-def _cgroup_cpus():
-    """The cores the control group gives this process (cgroup v2), else the online ones; None if unknown."""
-    for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
-        got = _read_list(path)
-        if got:
-            return got
-    return None
-
-
 def _set_all_threads(cpus):
     """The affinity of every thread of this process (``sched_setaffinity(0)`` sets the calling thread only)."""
     try:
@@ -104,15 +70,12 @@ def _set_all_threads(cpus):
     except OSError:
         tids = [0]
     for tid in tids:
-        try:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, cpus)
-        except OSError:  # a thread that ended meanwhile
-            pass
 
 
 def _initial_environ(pid):
-    """The environment process ``pid`` started with (``/proc/PID/environ``: what it changed later is not there),
-    or None where it cannot be read."""
+    """The environment process ``pid`` started with (``/proc/PID/environ``), or None where unreadable."""
     try:
         with open("/proc/{}/environ".format(pid), "rb") as f:
             raw = f.read()
@@ -123,10 +86,7 @@ def _initial_environ(pid):
 
 
 def user_threads(environ=None):
-    """The thread count the user set (``NAME=value``, the first of THREAD_VARIABLES set), else None. Under torchrun
-    (``TORCHELASTIC_RUN_ID``) an ``OMP_NUM_THREADS`` that torchrun itself set (its default for several processes
-    per node) is not the user's: torchrun's process (the nearest ancestor started outside torchrun) did not start
-    with it. Where that cannot be read, the value counts as the user's."""
+    """The user's ``NAME=value`` thread count, else None (not torchrun's OMP_NUM_THREADS: one its process lacked)."""
     environ = os.environ if environ is None else environ
     for name in THREAD_VARIABLES:
         if environ.get(name, "").strip():
@@ -145,8 +105,7 @@ def user_threads(environ=None):
 
 
 def _bound_before_start(cpus):
-    """This process runs on fewer cores than the one that started it: a launcher bound it alone (``taskset`` in a
-    per-rank loop, ``srun --cpu-bind``), so its cores are its own."""
+    """This process runs on fewer cores than its parent: a launcher bound it alone, so its cores are its own."""
     try:
         parent = os.sched_getaffinity(os.getppid())
     except (OSError, AttributeError):
@@ -155,9 +114,7 @@ def _bound_before_start(cpus):
 
 
 def share_threads(section, kind, environ=None):
-    """On a device whose ops run on the host's cores, the compute threads of one of a node's several unbound ranks:
-    its share of the cores (module docstring). Sets them (``torch.set_num_threads``) and returns ``threads`` and
-    ``threads_from`` (why that many) for the log and ``summary.json``."""
+    """Sets an unbound rank's compute threads (module docstring); returns ``threads`` and ``threads_from`` (why)."""
     import torch
     user = user_threads(environ)
     per_node = max(1, section.procs_per_node or 1)
@@ -178,9 +135,7 @@ def share_threads(section, kind, environ=None):
 
 
 def bind(section, kind, environ=None):
-    """Bind this rank as ``section.cpu_binding`` says (a LaunchConfig), and set its compute threads. Returns what
-    happened, for the log and ``summary.json``: mode, cpus (read back from the kernel), numa_nodes, or by / reason
-    where nothing was bound; threads and threads_from."""
+    """Bind this rank as ``section.cpu_binding`` says and set its compute threads; returns what happened."""
     import torch
     mode = getattr(section, "cpu_binding", "auto")
     out = {"mode": mode, "cpus": None}
@@ -194,7 +149,8 @@ def bind(section, kind, environ=None):
     if itself:
         return dict(out, by=itself, **share_threads(section, kind, environ))
     cpus = sorted(os.sched_getaffinity(0))
-    group = _cgroup_cpus()
+    # the cores the control group gives this process (cgroup v2), else the online ones
+    group = _read_list("/sys/fs/cgroup/cpuset.cpus.effective") or _read_list("/sys/devices/system/cpu/online")
     if mode == "auto" and group and len(cpus) < len(set(group)):
         return dict(out, cpus=cpus, reason="already bound before start (taskset or numactl): kept",
                     **share_threads(section, kind, environ))
@@ -213,13 +169,11 @@ def bind(section, kind, environ=None):
 
 
 def node_cpus():
-    """The cores the node's ranks share where this rank bound itself (the workers' count comes from them), else
-    None."""
+    """The cores the node's ranks share where this rank bound itself (the workers' count comes from them)."""
     return _state["node_cpus"]
 
 
 def describe(bound):
-    """The log line of ``bind``'s result."""
     threads = "; {} compute thread(s): {}".format(bound["threads"], bound["threads_from"]) \
         if "threads_from" in bound else ""
     if bound.get("by"):

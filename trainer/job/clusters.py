@@ -1,6 +1,4 @@
-"""What the cluster launchers users already run tell a process about its place, read where ``placement.place``
-asks: torchrun's elastic restarts (--resume auto required with --max-restarts), Slurm's task
-variables (``srun``, one task per device) and Ascend's rank table (RANK_TABLE_FILE)."""
+"""What cluster launchers tell a process about its place: torchrun's restarts, Slurm's tasks, Ascend's rank table."""
 import ipaddress
 import json
 import re
@@ -9,9 +7,7 @@ from trainer.errors import UsageError
 
 
 def elastic_resume(resume, env):
-    """Under ``torchrun --max-restarts N`` (N > 0) --resume is required (``--resume auto``: a
-    restarted attempt continues from the last checkpoint). Not implied: an attempt that stopped because the
-    folder holds another run would be restarted, and an implied resume would then continue that other run."""
+    """--resume is required under ``torchrun --max-restarts N`` (not implied: it could continue another run)."""
     restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "")
     if resume is not None or not restarts.isdigit() or int(restarts) == 0:
         return
@@ -21,18 +17,13 @@ def elastic_resume(resume, env):
 
 
 def world_change(saved, plan):
-    """Notes for a resume whose world size differs from the checkpoint's (``saved``: its config), as after an
-    elastic membership change (torchrun --nnodes MIN:MAX): the global batch -b is kept, and so the LR as given,
-    so that each step sees the same images and the run continues as it would have at the old size."""
+    """Notes for a resume at another world size than the checkpoint's config ``saved`` (torchrun --nnodes MIN:MAX)."""
     before, now = (saved or {}).get("world_size"), plan.launch.world_size
     if not before or not now or before == now:
         return ()
     b = plan.run.batch_size
     return ("the world changed from {} to {} process(es) since the checkpoint: the global batch {} is kept ({} per "
             "device instead of {}), the LR {} as given".format(before, now, b, b // now, b // before, plan.optim.lr),)
-
-
-# ---------------------------------------------------------------- Slurm
 
 
 def _int(env, name):
@@ -54,9 +45,7 @@ def expand_hostlist(text):
         prefix, ranges, suffix = m.groups()
         for r in ranges.split(","):
             lo, _, hi = r.partition("-")
-            width = len(lo)
-            for i in range(int(lo), int(hi or lo) + 1):
-                hosts.append("{}{}{}".format(prefix, str(i).zfill(width), suffix))
+            hosts += ["{}{}{}".format(prefix, str(i).zfill(len(lo)), suffix) for i in range(int(lo), int(hi or lo) + 1)]
     return hosts
 
 
@@ -71,9 +60,7 @@ def _tasks_per_node(text, nodes):
 
 
 def slurm_tasks(env):
-    """This process's place from ``srun``'s variables (torchvision's init_distributed_mode reads the same), or
-    None when this is not a task of a Slurm step of several tasks: {rank, world_size, local_rank, nodes,
-    node_rank, procs_per_node, addr (the first host of SLURM_JOB_NODELIST, where rank 0 runs)}."""
+    """This process's place from ``srun``'s variables, or None outside a Slurm step of several tasks."""
     if "SLURM_PROCID" not in env or "SLURM_STEP_ID" not in env or _int(env, "SLURM_NTASKS") < 2:
         return None  # an sbatch script itself (no step) or a step of one task: not a rank of a job
     world, rank = _int(env, "SLURM_NTASKS"), _int(env, "SLURM_PROCID")
@@ -93,8 +80,6 @@ def slurm_tasks(env):
             "addr": hosts[0]}
 
 
-# ---------------------------------------------------------------- Ascend's rank table
-
 HCCL_TIMEOUT = 1200  # s: what env_npu.sh and ModelZoo's scripts export; CANN's own default is 120 s
 # the shape of each list's entries, for the messages
 _ENTRY = {"server_group_list": '{"server_count": ..., "server_list": [...]}',
@@ -111,7 +96,6 @@ def _address(text):
 
 
 def _json_kind(value):
-    """What JSON calls ``value``'s type, for a message."""
     if value is None:
         return "null"
     for types, name in ((bool, "true/false"), (str, "a string"), ((int, float), "a number"), (list, "a list"),
@@ -123,13 +107,9 @@ def _json_kind(value):
 
 def _whole(value):
     """A JSON whole number from 0 ("3" or 3) as an int, else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value if value >= 0 else None
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return None
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
 
 
 def _objects(value, what, kind, where):
@@ -161,9 +141,7 @@ def _count(holder, key, listed, what, where):
 
 
 def read_rank_table(path):
-    """RANK_TABLE_FILE (versions 1.0 and 1.2; a MindCluster global table's server_group_list too) as
-    [(server address or id, [(device id, rank id), ...]), ...] in file order, checked by shape and values: one
-    line per problem."""
+    """RANK_TABLE_FILE (versions 1.0, 1.2, MindCluster's groups) checked, as [(server, [(device, rank), ...]), ...]."""
     where = "RANK_TABLE_FILE '{}'".format(path)
     try:
         with open(path) as f:
@@ -192,8 +170,7 @@ def read_rank_table(path):
         what = "server_list" if group is table else "server_group_list entry {}'s server_list".format(g)
         if "server_list" not in group:
             raise UsageError("{}: no server_list{}: list the job's servers as [{}, ...]".format(
-                where, "" if group is table else " in entry {} of server_group_list".format(g),
-                _ENTRY["server_list"]))
+                where, "" if group is table else " in entry {} of server_group_list".format(g), _ENTRY["server_list"]))
         listed = _objects(group["server_list"], what, "server_list", where)
         _count(group, "server_count", len(listed), "servers", where)
         for i, server in enumerate(listed):
@@ -207,7 +184,7 @@ def read_rank_table(path):
             if "device" not in server:
                 raise UsageError("{}: {} has no device list: list its devices as \"device\": [{}, ...]".format(
                     where, label, _ENTRY["device"]))
-            devices, ids = [], set()
+            devices = {}  # device id: rank
             for dev in _objects(server["device"], "{}'s device".format(label), "device", where):
                 device, rank = _whole(dev.get("device_id")), _whole(dev.get("rank_id"))
                 if device is None or rank is None:
@@ -215,15 +192,14 @@ def read_rank_table(path):
                     got = "whose {} is {}".format(key, _json_kind(dev[key])) if key in dev else "without a " + key
                     raise UsageError("{}: {} has a device {}: give each device its device_id and rank_id as whole "
                                      "numbers from 0: fix {}".format(where, label, got, json.dumps(dev)))
-                if device in ids:
+                if device in devices:
                     raise UsageError("{}: {} lists device {} twice: each device once".format(where, label, device))
                 if rank in seen_ranks:
                     raise UsageError("{}: rank_id {} is given to two devices ({} and {} device {}): rank ids "
                                      "must be unique".format(where, rank, seen_ranks[rank], label, device))
-                ids.add(device)
                 seen_ranks[rank] = "{} device {}".format(label, device)
-                devices.append((device, rank))
-            servers.append((name, devices))
+                devices[device] = rank
+            servers.append((name, list(devices.items())))
     world = len(seen_ranks)
     if sorted(seen_ranks) != list(range(world)):
         raise UsageError("{}: the rank ids are {}, not 0..{}: number the devices' rank_id from 0 without "
@@ -231,45 +207,19 @@ def read_rank_table(path):
     return servers
 
 
-def _this_host(servers, is_local, path):
-    """The index of this host's server (the first address in the table that ``is_local``)."""
-    local = [s for s, (name, _) in enumerate(servers) if _address(name) and is_local(name)]
-    if not local:
-        raise UsageError("this host is not in RANK_TABLE_FILE '{}' (servers {}): run on one of them, or export "
-                         "RANK_ID per process".format(path, ", ".join(name for name, _ in servers)))
-    return local[0]
-
-
-def host_devices(env, is_local):
-    """The device ids RANK_TABLE_FILE lists for this host, slot by slot (the table's order), or None without one."""
-    place = host_ranks(env, is_local)
-    return None if place is None else place["devices"]
-
-
 def host_ranks(env, is_local):
-    """This host's part of RANK_TABLE_FILE's job, or None without one: its device ids slot by slot ("devices"),
-    their rank ids ("ranks"), the job's ranks ("world_size"), its servers ("servers"), this host's index among
-    them ("server") and the server of rank 0 ("master": an address, or None where the table names it otherwise)."""
-    path = env.get("RANK_TABLE_FILE")
-    if not path:
+    """This host's part of RANK_TABLE_FILE's job, or None without one ("master": rank 0's address, or None)."""
+    place = rank_table_place({"RANK_TABLE_FILE": env.get("RANK_TABLE_FILE")}, is_local)
+    if place is None:
         return None
-    servers = read_rank_table(path)
-    server = _this_host(servers, is_local, path)
-    devices = servers[server][1]
-    master = [name for name, listed in servers if any(r == 0 for _, r in listed)][0]
-    return {"devices": tuple(d for d, _ in devices), "ranks": tuple(r for _, r in devices),
-            "world_size": sum(len(listed) for _, listed in servers), "servers": len(servers), "server": server,
-            "master": master if _address(master) else None}
+    return {"devices": place["devices"], "ranks": place["ranks"], "world_size": place["world_size"],
+            "servers": place["nodes"], "server": place["node_rank"], "master": place["addr"]}
 
 
 def rank_table_place(env, is_local, local_rank=None):
-    """This process's place from RANK_TABLE_FILE, or None without one: the rank from RANK_ID (or RANK) where the
-    launch script exports it, else this host's server (an address in the table that ``is_local``) and on it the
-    device DEVICE_ID or ASCEND_DEVICE_ID names, else the one at slot ``local_rank`` (LOCAL_RANK, --local_rank;
-    0 by default). A process's slot (its local rank: the core binding's, its entry of --device-list) is its
-    device's position among its server's devices in the table; the device id is the device it uses. ``devices``
-    maps slots to device ids, as --device-list does. Checked before any wait: this host must be in the table, a
-    local rank given must be the slot."""
+    """This process's place from RANK_TABLE_FILE, or None: the rank from RANK_ID (or RANK), else on this host the
+    device DEVICE_ID or ASCEND_DEVICE_ID names, else slot ``local_rank``. A slot (local rank) is the device's
+    position among its server's in the table; ``devices`` maps slots to device ids, as --device-list does."""
     path = env.get("RANK_TABLE_FILE")
     if not path:
         return None
@@ -282,24 +232,27 @@ def rank_table_place(env, is_local, local_rank=None):
                 given, path, len(ranks) - 1))
         server, slot = ranks[int(given)]
     else:
-        server = _this_host(servers, is_local, path)
-        name, devices = servers[server]
-        ids = [d for d, _ in devices]
-        var = "DEVICE_ID" if env.get("DEVICE_ID") else "ASCEND_DEVICE_ID" if env.get("ASCEND_DEVICE_ID") else None
-        if var is not None:
-            wanted = env[var].strip()
-            if not wanted.isdigit() or int(wanted) not in ids:
-                raise UsageError("{}={} is not a device of this host ({}) in RANK_TABLE_FILE '{}': its devices are "
-                                 "{}".format(var, env[var], name, path, ",".join(map(str, ids))))
-            slot = ids.index(int(wanted))
-        else:
-            slot = local_rank or 0
-            if slot >= len(ids):
-                raise UsageError("local rank {} (LOCAL_RANK or --local_rank) has no device in RANK_TABLE_FILE '{}': "
-                                 "this host ({}) has {} device(s) there ({}), local ranks 0..{}; or export DEVICE_ID "
-                                 "(the device id)".format(slot, path, name, len(ids), ",".join(map(str, ids)),
-                                                          len(ids) - 1))
+        here = [s for s, (name, _) in enumerate(servers) if _address(name) and is_local(name)]
+        if not here:
+            raise UsageError("this host is not in RANK_TABLE_FILE '{}' (servers {}): run on one of them, or export "
+                             "RANK_ID per process".format(path, ", ".join(name for name, _ in servers)))
+        server, slot = here[0], None
     name, devices = servers[server]
+    ids = tuple(d for d, _ in devices)
+    listed = ",".join(map(str, ids))
+    var = "DEVICE_ID" if env.get("DEVICE_ID") else "ASCEND_DEVICE_ID" if env.get("ASCEND_DEVICE_ID") else None
+    if slot is None and var is not None:
+        wanted = env[var].strip()
+        if not wanted.isdigit() or int(wanted) not in ids:
+            raise UsageError("{}={} is not a device of this host ({}) in RANK_TABLE_FILE '{}': its devices are "
+                             "{}".format(var, env[var], name, path, listed))
+        slot = ids.index(int(wanted))
+    elif slot is None:
+        slot = local_rank or 0
+        if slot >= len(ids):
+            raise UsageError("local rank {} (LOCAL_RANK or --local_rank) has no device in RANK_TABLE_FILE '{}': "
+                             "this host ({}) has {} device(s) there ({}), local ranks 0..{}; or export DEVICE_ID "
+                             "(the device id)".format(slot, path, name, len(ids), listed, len(ids) - 1))
     device, rank = devices[slot]
     if _address(name) and is_local(name) is False:
         raise UsageError("RANK_TABLE_FILE '{}' puts rank {} on server {}, which is not this host: export the rank "
@@ -308,19 +261,16 @@ def rank_table_place(env, is_local, local_rank=None):
         raise UsageError("local rank {} (LOCAL_RANK or --local_rank) contradicts RANK_TABLE_FILE '{}': rank {} uses "
                          "device {}, at slot {} of this host's devices {} (a local rank counts the host's processes "
                          "in the table's order; it is not a device id): export LOCAL_RANK={}, or leave it out".format(
-                             local_rank, path, rank, device, slot, ",".join(str(d) for d, _ in devices), slot))
+                             local_rank, path, rank, device, slot, listed, slot))
     master = servers[ranks[0][0]][0]
-    return {"rank": rank, "world_size": len(ranks), "local_rank": slot, "device": device,
-            "devices": tuple(d for d, _ in devices), "procs_per_node": len(devices), "nodes": len(servers),
+    return {"rank": rank, "world_size": len(ranks), "local_rank": slot, "device": device, "devices": ids,
+            "ranks": tuple(r for _, r in devices), "procs_per_node": len(devices), "nodes": len(servers),
             "node_rank": server, "addr": master if _address(master) else None}
 
 
 def hccl_timeout(env):
-    """{HCCL_CONNECT_TIMEOUT: ...} to export with a rank table (Ascend's docs: raise it with one; HCCL waits 120 s
-    by default), or {} when no rank table is used or the value is already at least HCCL_TIMEOUT."""
-    if not env.get("RANK_TABLE_FILE"):
-        return {}
+    """{HCCL_CONNECT_TIMEOUT: ...} to export with a rank table (Ascend's docs: raise it with one), else {}."""
     now = env.get("HCCL_CONNECT_TIMEOUT", "")
-    if now.isdigit() and int(now) >= HCCL_TIMEOUT:
+    if not env.get("RANK_TABLE_FILE") or (now.isdigit() and int(now) >= HCCL_TIMEOUT):
         return {}
     return {"HCCL_CONNECT_TIMEOUT": str(HCCL_TIMEOUT)}

@@ -1,5 +1,5 @@
-"""The process group and the collectives the trainer uses (``Dist``); joining the group (``init``), saying
-while it waits at the rendezvous what it waits for."""
+"""The process group and the collectives the trainer uses (``Dist``); joining it (``init``), saying what it awaits."""
+import contextlib
 import datetime
 import os
 import sys
@@ -24,28 +24,21 @@ class Dist:
         return self.rank == 0
 
     def all_reduce_sum(self, tensor):
-        if self.active:
-            torch.distributed.all_reduce(tensor)
-        return tensor
+        return self._all_reduce(tensor, torch.distributed.ReduceOp.SUM)
 
     def all_reduce_max(self, tensor):
+        return self._all_reduce(tensor, torch.distributed.ReduceOp.MAX)
+
+    def _all_reduce(self, tensor, op):
         if self.active:
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+            torch.distributed.all_reduce(tensor, op=op)
         return tensor
 
     def max(self, value, device):
-        if not self.active:
-            return value
-        t = device.move(torch.tensor([float(value)]))
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return float(t.item())
+        return float(self.all_reduce_max(device.move(torch.tensor([float(value)])))) if self.active else value
 
     def sum(self, value, device):
-        if not self.active:
-            return value
-        t = device.move(torch.tensor([float(value)]))
-        torch.distributed.all_reduce(t)
-        return float(t.item())
+        return float(self.all_reduce_sum(device.move(torch.tensor([float(value)])))) if self.active else value
 
     def broadcast_int(self, value, device):
         if not self.active:
@@ -59,16 +52,12 @@ class Dist:
             torch.distributed.barrier()
 
     def record_failure(self):
-        """This rank ends with a failure of its own: said in the store, so that the ranks it cuts off blame it
-        (rendezvous.peer_failure)."""
         rendezvous.record_failure(self.store, self.rank)
 
     def close(self):
         if self.active and torch.distributed.is_initialized():
-            # torch 2.1's gloo group can deadlock when the last reference to it goes (DDP's Reducer, freed when the
-            # rank's job is): its destructor joins its worker threads while holding the GIL, and a worker thread
-            # still freeing a finished collective's tensors waits for the GIL (seen as a rank that never exits).
-            # Sleeping releases the GIL, so that they finish that before anything is torn down.
+            # torch 2.1's gloo group can deadlock as DDP's Reducer frees it (a rank that never exits): its destructor
+            # joins threads holding the GIL while one still frees a collective's tensors. Sleeping lets them finish.
             time.sleep(0.2)
             torch.distributed.destroy_process_group()
             self.active = False
@@ -77,44 +66,35 @@ class Dist:
 WAIT_FIRST, WAIT_EVERY = 10.0, 30.0  # seconds at the rendezvous before the first "waiting" line, then between
 
 
-class _SayWhileWaiting:
-    """While this rank waits at the rendezvous: a line on stdout after WAIT_FIRST seconds, then every WAIT_EVERY,
-    saying which rank this is, for how many it waits, where, and what usually keeps them (the guide's shell loop
-    printed without ``&`` starts the next rank only after this one ends). The wait still ends at --dist-timeout."""
+@contextlib.contextmanager
+def _say_while_waiting(s):
+    """After WAIT_FIRST s at the rendezvous, then every WAIT_EVERY: who waits for whom, where, what keeps them."""
+    where = "{}:{}".format(s.addr, s.port) if s.dist_url.startswith("env://") else s.dist_url
+    if s.mode == "spawn":
+        hint = "start the other nodes with the same --addr and --port"
+    elif os.environ.get("TORCHELASTIC_RUN_ID"):
+        hint = "torchrun starts the others; check the other nodes' launch"
+    else:
+        hint = ("start the other ranks in the background (end each 'python3 main.py ...' line of a loop with &), "
+                "or they never start while this one waits")
+    done = threading.Event()
 
-    def __init__(self, section):
-        self.section, self.done, self.thread = section, threading.Event(), None
-
-    def line(self, waited):
-        s = self.section
-        where = "{}:{}".format(s.addr, s.port) if s.dist_url.startswith("env://") else s.dist_url
-        if s.mode == "spawn":
-            hint = "start the other nodes with the same --addr and --port"
-        elif os.environ.get("TORCHELASTIC_RUN_ID"):
-            hint = "torchrun starts the others; check the other nodes' launch"
-        else:
-            hint = ("start the other ranks in the background (end each 'python3 main.py ...' line of a loop with &), "
-                    "or they never start while this one waits")
-        return ("note: rank {} of {} waiting {:.0f} s at the rendezvous {} for the other {} process(es): {}; "
-                "giving up after --dist-timeout {:g} s".format(s.rank, s.world_size, waited, where,
-                                                              s.world_size - 1, hint, s.dist_timeout))
-
-    def _run(self):
+    def run():
         t0, wait = time.time(), WAIT_FIRST
-        while not self.done.wait(wait):
-            sys.stdout.write(self.line(time.time() - t0) + "\n")
+        while not done.wait(wait):
+            sys.stdout.write("note: rank {} of {} waiting {:.0f} s at the rendezvous {} for the other {} process(es): "
+                             "{}; giving up after --dist-timeout {:g} s\n".format(
+                                 s.rank, s.world_size, time.time() - t0, where, s.world_size - 1, hint, s.dist_timeout))
             sys.stdout.flush()
             wait = WAIT_EVERY
 
-    def __enter__(self):
-        self.thread = threading.Thread(target=self._run, name="rendezvous-wait", daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        self.thread.join()
-        return False
+    thread = threading.Thread(target=run, name="rendezvous-wait", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def init(section, device):
@@ -123,7 +103,7 @@ def init(section, device):
         return Dist()
     backend = section.dist_backend or device.dist_backend
     try:
-        with _SayWhileWaiting(section), rendezvous.quiet_stderr():
+        with _say_while_waiting(section), rendezvous.quiet_stderr():
             store = _start(section, backend)
     except rendezvous.RendezvousError as exc:
         exc.quiet = section.mode == "spawn" and bool(section.local_rank)  # spawn's ranks share one terminal
@@ -132,7 +112,7 @@ def init(section, device):
 
 
 def _start(section, backend):
-    """The store (env://: rendezvous.open_store) and the process group; its failures as one line."""
+    """The store (env://) and the process group; its failures as one line."""
     store = None
     os.environ.update(clusters.hccl_timeout(os.environ))  # with a rank table, before HCCL starts
     try:
@@ -140,13 +120,11 @@ def _start(section, backend):
             os.environ["MASTER_ADDR"] = section.addr
             os.environ["MASTER_PORT"] = str(section.port)
             store = rendezvous.open_store(section)
-        if store is not None:
-            kwargs = dict(store=torch.distributed.PrefixStore("trainer/group", store))
-        else:  # file://, or a launcher whose own store torch_npu opens from env:// (torch_npu_run)
-            kwargs = dict(init_method=section.dist_url)
-        torch.distributed.init_process_group(
-            backend=backend, world_size=section.world_size, rank=section.rank,
-            timeout=datetime.timedelta(seconds=section.dist_timeout), **kwargs)
+        # file://, or a launcher whose own store torch_npu opens from env:// (torch_npu_run): the URL
+        kwargs = dict(init_method=section.dist_url) if store is None else dict(
+            store=torch.distributed.PrefixStore("trainer/group", store))
+        torch.distributed.init_process_group(backend=backend, world_size=section.world_size, rank=section.rank,
+                                             timeout=datetime.timedelta(seconds=section.dist_timeout), **kwargs)
     except (RuntimeError, ValueError, OSError) as exc:  # OSError: torch 2.1's TimeoutError
         text = str(exc)
         if "in use" in text.lower() or "EADDRINUSE" in text:

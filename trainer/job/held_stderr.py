@@ -1,8 +1,6 @@
-"""File descriptor 2 held back while torch's C++ side may write on it (the rendezvous: c10d's socket warnings,
-gloo's retries), and written out, once, however the hold ends: as its owner decides when it ends normally, and
-at an exception, the process's exit (atexit) or SIGINT/SIGTERM (a rank stopped by its supervisor, a driver or
-torchrun while it waits keeps its diagnostics). ``hold`` is the one entry; trainer/job/rendezvous.py's
-``quiet_stderr`` decides what a failure drops."""
+"""File descriptor 2 held back while torch's C++ side may write on it (the rendezvous), written out once however the
+hold ends: as its owner decides, or at an exception, the process's exit or SIGINT/SIGTERM (a rank stopped while it
+waits keeps its diagnostics). Used through rendezvous.quiet_stderr."""
 import atexit
 import contextlib
 import ctypes
@@ -16,8 +14,6 @@ import time
 
 
 class _Hold:
-    """File descriptor 2 redirected into a temporary file until ``release``."""
-
     def __init__(self):
         sys.stderr.flush()
         self.file = tempfile.TemporaryFile()
@@ -30,10 +26,8 @@ class _Hold:
         if self.released:
             return
         self.released = True
-        try:
+        with contextlib.suppress(OSError, ValueError):
             sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
         os.dup2(self.saved, 2)
         os.close(self.saved)
         if replay:
@@ -49,8 +43,7 @@ _HOLDS_LOCK = threading.RLock()
 
 
 def _release_all():
-    """Every hold in force written out, innermost first (each into the one around it): the process is stopped
-    or ends while they hold."""
+    """Every hold in force written out, innermost first (each into the one around it)."""
     with _HOLDS_LOCK:
         for hold in reversed(_HOLDS):
             hold.release(True)
@@ -60,25 +53,20 @@ atexit.register(_release_all)
 
 
 def _end_by(sig):
-    """End this process by ``sig``'s default action, from any thread (``signal.signal`` works in the main thread
-    only; libc's ``signal`` in every thread)."""
-    try:
+    """End this process by ``sig``'s default action, from any thread (libc's ``signal``: Python's is main-only)."""
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None)
         libc.signal.restype = ctypes.c_void_p
         libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
         libc.signal(int(sig), None)  # SIG_DFL
         os.kill(os.getpid(), sig)
         time.sleep(1.0)
-    except (OSError, AttributeError):
-        pass
     os._exit(128 + int(sig))
 
 
 class _OnStop:
-    """While stderr is held: SIGINT or SIGTERM write it out at once, then take their course (a handler of the
-    process's own is called; otherwise the process ends by the signal, as it would have). A thread does it:
-    Python runs signal handlers in the main thread only, which may be inside torch's wait for the other ranks
-    (until --dist-timeout); ``signal.set_wakeup_fd`` tells the thread."""
+    """While stderr is held, SIGINT or SIGTERM write it out at once, then take their course. A thread told by
+    ``signal.set_wakeup_fd`` does it: the main thread may be inside torch's wait (until --dist-timeout)."""
 
     def __init__(self):
         self.old, self.wakeup = {}, None
@@ -97,14 +85,14 @@ class _OnStop:
         self.thread = threading.Thread(target=self._watch, name="held-stderr", daemon=True)
         self.thread.start()
 
-    def _ends(self, sig):
-        """Whether ``sig`` would end the process (a KeyboardInterrupt at the rendezvous ends the rank)."""
-        return self.old[sig] in (signal.SIG_DFL, signal.default_int_handler)
+    def _write_out(self, sig):
+        """Held text out, then the end of the process where ``sig`` would end it (KeyboardInterrupt too)."""
+        _release_all()
+        if self.old[sig] in (signal.SIG_DFL, signal.default_int_handler):
+            _end_by(sig)
 
     def _handler(self, sig, frame):  # the main thread, once Python runs again there
-        _release_all()
-        if self._ends(sig):
-            _end_by(sig)
+        self._write_out(sig)
         self.old[sig](sig, frame)
 
     def _watch(self):  # at once
@@ -114,9 +102,7 @@ class _OnStop:
                 if sig == 0:
                     return
                 if sig in self.old:
-                    _release_all()
-                    if self._ends(sig):
-                        _end_by(sig)
+                    self._write_out(sig)
 
     def close(self):
         if self.wakeup is not None:
@@ -132,18 +118,14 @@ class _OnStop:
 
 @contextlib.contextmanager
 def hold(write_out, watch_signals=True):
-    """fd 2 into a temporary file while the block runs; afterwards its text is written out where ``write_out``
-    and the owner did not set ``.drop`` on the hold it was given. With ``watch_signals`` (the outermost hold of
-    the main thread), SIGINT and SIGTERM write it out at once."""
+    """fd 2 held while the block runs, written out after it if ``write_out`` and not ``.drop``; ``watch_signals``."""
     with _HOLDS_LOCK:
         held = _Hold()
         _HOLDS.append(held)
     on_stop = None
     if watch_signals and len(_HOLDS) == 1:
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread: no signal handlers
             on_stop = _OnStop()
-        except ValueError:  # not the main thread: no signal handlers
-            pass
     try:
         yield held
     finally:

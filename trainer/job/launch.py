@@ -1,6 +1,5 @@
-"""The launch settled for the device kind (``settle``: the placement of trainer/job/placement.py finished at plan
-time) and its checks that need no process group: the backend, the rendezvous scheme, the device list, the port.
-Launch modes, batch and LR rules, rendezvous: docs/DESIGN.md."""
+"""The placement settled for the device kind at plan time (``settle``) and the checks that need no process group:
+backend, rendezvous scheme, device list, port. Launch modes, batch and LR rules: docs/DESIGN.md."""
 import dataclasses
 import os
 import socket
@@ -10,11 +9,8 @@ from trainer.errors import UsageError
 
 
 def settle(section, kind, batch_size, environ=None):
-    """Where the processes of the job sit, decided for ``kind`` before any of them starts (trainer/plan.py): the
-    devices listed exist, the global batch divides over the processes (spawn's: one per listed or visible device
-    of each node), the process group's backend, the rendezvous and its master, and this process's device (a
-    spawned rank's is decided where it starts: ``device_index``). ``section``: the config's launch section;
-    ``environ``: the environment the messages name. Returns (the launch section decided, notes)."""
+    """(The config's launch ``section`` decided for ``kind`` before any process starts, notes); ``environ``: the
+    environment the messages name. A spawned rank's device is decided where it starts."""
     from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
     check_devices(section, kind, environ)
     world = section.world_size
@@ -25,7 +21,12 @@ def settle(section, kind, batch_size, environ=None):
     if batch_size % world:
         raise UsageError("--batch-size {} (global) does not divide over {} processes; use a multiple of {}".format(
             batch_size, world, world))
-    backend, notes = settle_backend(section, kind)
+    backend, notes = section.dist_backend, ()
+    owner = devmod.Device.backend_owner(backend)  # the guides' hccl on a GPU or CPU, nccl off CUDA: this device's own
+    if owner is not None and owner != kind:
+        backend = devmod.Device.of(kind).dist_backend
+        notes = ("--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
+            section.dist_backend, owner.upper(), kind.upper(), backend),)
     section = dataclasses.replace(section, device=kind, dist_backend=backend)
     notes += check_launch(section, kind)
     rendezvous.check_master(section)
@@ -34,25 +35,11 @@ def settle(section, kind, batch_size, environ=None):
     return section, notes
 
 
-def settle_backend(section, kind):
-    """(the process group's backend: --dist-backend as given, or, where it names another device's collective
-    library (the guides' hccl on a GPU or CPU, nccl off CUDA), this device's own; notes: one saying so).
-    ``section``: the config's launch section."""
-    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
-    owner = devmod.Device.backend_owner(section.dist_backend)
-    if owner is None or owner == kind:
-        return section.dist_backend, ()
-    own = devmod.Device.of(kind).dist_backend
-    return own, ("--dist-backend {} is the {} collective library; this run is on {}: using {}".format(
-        section.dist_backend, owner.upper(), kind.upper(), own),)
-
-
 def check_launch(section, kind):
     """Before any process starts: the rendezvous and the device count suit ``kind``. Returns notes."""
-    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
+    from trainer import device as devmod
     kind_cls = devmod.Device.of(kind)
-    schemes = kind_cls.rendezvous_schemes
-    if section.world_size != 1 and not section.dist_url.startswith(schemes):
+    if section.world_size != 1 and not section.dist_url.startswith(kind_cls.rendezvous_schemes):
         raise UsageError("--dist-url {}: {} processes start their group from environment variables only "
                          "(init_method env://, as the Ascend guide says); drop --dist-url and give the master as "
                          "--addr HOST --port PORT".format(section.dist_url, kind.upper()))
@@ -66,23 +53,19 @@ def check_launch(section, kind):
 
 
 def device_index(section):
-    """The device this process uses: its slot's entry of --device-list (or of the rank table's devices of its
-    host), or --gpu, or its local rank."""
+    """This process's device: its slot's entry of --device-list (or of the rank table's), or --gpu, or its slot."""
     slot = section.local_rank or 0
     if section.device_list:
         if slot >= len(section.device_list):
             raise UsageError("local rank {} has no entry in --device-list {} ({} entries)".format(
                 slot, ",".join(map(str, section.device_list)), len(section.device_list)))
         return section.device_list[slot]
-    if section.device_index is not None:
-        return section.device_index
-    return slot
+    return section.device_index if section.device_index is not None else slot
 
 
 def check_devices(section, kind, environ=None):
-    """Before any process starts: the device settings suit the kind, the device list exists on this machine
-    (``environ``: the environment whose visible-devices variable the message names; os.environ by default)."""
-    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
+    """Before any process starts: the device settings suit the kind, the device list exists on this machine."""
+    from trainer import device as devmod
     environ = os.environ if environ is None else environ
     kind_cls = devmod.Device.of(kind)
     problem = kind_cls.settings_problem(section)
@@ -108,9 +91,10 @@ def check_devices(section, kind, environ=None):
 def _table_ids(environ):
     """This host's device ids in RANK_TABLE_FILE (none where it does not list this host by address)."""
     try:
-        return clusters.host_devices(environ, rendezvous.is_local_address) or ()
+        place = clusters.host_ranks(environ, rendezvous.is_local_address)
     except UsageError:
         return ()
+    return place["devices"] if place else ()
 
 
 def free_port():

@@ -1,13 +1,7 @@
-"""A process ends with the one that started it (the kernel's ``PR_SET_PDEATHSIG``: Linux; elsewhere only the
-check below).
-
-Spawn's ranks end with their supervisor, the ModelZoo drivers' ranks with their driver, and every data-loader
-worker with its rank, also when the parent was killed (``kill -9``, the out-of-memory killer) and could stop
-nothing itself. Right after arming the signal, the child checks that its parent is still the one that started
-it: a parent that died before that moment sends nothing.
-
-DataLoader's own watchdog does not cover that moment: a worker whose rank dies before the worker has set the
-watchdog up keeps waiting for work, without end (``tests/test_lifeline.py`` shows it with torch's own loader).
+"""A process ends with the one that started it (``PR_SET_PDEATHSIG``: Linux), also when that was killed (``kill
+-9``, the OOM killer): spawn's and the drivers' ranks, every loader worker. Right after arming it the child checks
+its parent is still the one that started it: one that died before sends nothing. DataLoader's own watchdog misses
+that moment (a worker then waits without end: ``tests/test_lifeline.py`` shows it with torch's own loader).
 """
 import ctypes
 import functools
@@ -21,8 +15,7 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent(sig, parent_pid):
-    """The kernel sends ``sig`` to this process when its parent ends; if ``parent_pid`` (the process that
-    started this one) has ended already, this process ends now, with ``sig``."""
+    """``sig`` ends this process when its parent ends, now if ``parent_pid`` (its starter) has ended already."""
     try:
         libc = ctypes.CDLL(None)
         if hasattr(libc, "prctl"):
@@ -35,9 +28,7 @@ def die_with_parent(sig, parent_pid):
 
 def _worker_init(parent_pid, worker_id):
     die_with_parent(signal.SIGKILL, parent_pid)  # a worker holds nothing to save
-    # a stop request is its rank's to act on (trainer/job/stop.py): a worker that ended at a terminal's Ctrl-C, at
-    # Slurm's SIGUSR1 or at its SIGTERM to every process of a step would fail the rank's loader before the rank
-    # has stopped
+    # a stop request is its rank's: a worker ending at Ctrl-C or SIGUSR1 would fail the rank's loader first
     for sig in (signal.SIGINT, WARNING):
         if sig is not None:
             signal.signal(sig, signal.SIG_IGN)
@@ -45,10 +36,8 @@ def _worker_init(parent_pid, worker_id):
 
 
 def _sigterm_only_from(parent_pid):
-    """SIGTERM ends this process when ``parent_pid`` sends it (a DataLoader ends its workers with it, and so does
-    multiprocessing at the parent's exit), and is left to the parent when anyone else does (Slurm's SIGTERM to
-    every process of a step at its time limit, a kill of the process group). A thread waits for it
-    (``sigwaitinfo`` names the sender); the signal is blocked in every other thread of the process."""
+    """SIGTERM ends this process only when ``parent_pid`` sends it (not Slurm's to a whole step): a thread waits for
+    it (``sigwaitinfo`` names the sender); every other thread blocks it."""
     if not hasattr(signal, "sigwaitinfo"):  # not Linux: SIGTERM keeps its course
         return
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})

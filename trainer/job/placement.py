@@ -1,10 +1,6 @@
-"""Where this process sits in the job, decided once, before anything starts: ``place(Asked, env) -> Placement``.
-
-``Asked`` holds the launch flags as the command line gave them (the spine builds it from its parse); ``place``
-reads them and the environment, picks the way the process was started (the table in ``place``'s docstring, first
-match wins) and asks that way's one function where the process sits. The ``Placement`` is frozen: the config's
-launch section is made from it, and trainer/job/launch.py's ``settle`` finishes it for the device kind.
-Launch modes and the table: docs/DISTRIBUTED.md "How processes find each other"."""
+"""Where this process sits in the job, decided once before anything starts: ``place(Asked, env) -> Placement``
+from the launch flags as given and the environment (the config's launch section is made from it; launch.settle
+finishes it for the device kind). Launch modes: docs/DISTRIBUTED.md "How processes find each other"."""
 import dataclasses
 from typing import Optional, Tuple
 
@@ -31,8 +27,7 @@ class Asked:
 
     @classmethod
     def of(cls, values):
-        """From a mapping of the command line's values (dest -> value); the others keep their defaults. ModelZoo's
-        --device_num N with spawn's flags and no --device-list: devices 0..N-1 (as trainer/config.py reads it)."""
+        """From dest -> value; ModelZoo's --device_num N with spawn's flags and no --device-list: devices 0..N-1."""
         asked = cls(**{f.name: values[f.name] for f in dataclasses.fields(cls) if f.name in values})
         if asked.device_list is None and asked.multiprocessing_distributed and values.get("device_num"):
             asked = dataclasses.replace(asked, device_list=tuple(range(values["device_num"])))
@@ -41,9 +36,7 @@ class Asked:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """This process's place: the launch mode (single | spawn | process), the job's processes and nodes, this
-    process's ranks and slot, its node's devices by slot where its place fixes them, the rendezvous, and the notes
-    on how the flags were read. A spawning process's ``world_size`` is 0 until its devices are counted."""
+    """This process's place. A spawning process's ``world_size`` is 0 until its devices are counted."""
     mode: str = "single"
     world_size: int = 1
     rank: int = 0
@@ -58,13 +51,12 @@ class Placement:
     notes: Tuple[str, ...] = ()
 
     def processes(self, device):
-        """How many processes the job will have (spawn without --device-list: every visible device of the kind
-        ``device`` names, on each node)."""
+        """The job's processes (spawn without --device-list: every visible device of ``device``'s kind per node)."""
         return self.world_size or self.nodes * max(1, _visible(device))
 
 
 def _visible(device):
-    from trainer import device as devmod  # the device layer imports torch: only where a kind or count is needed
+    from trainer import device as devmod  # imports torch: only where a count is needed
     return devmod.Device.of(devmod.Device.resolve_kind(device)).count()
 
 
@@ -76,20 +68,7 @@ def _env_int(env, name):
 
 
 def place(asked, env):
-    """The launch table, first match wins:
-
-    torchrun / torch.distributed.launch  RANK + WORLD_SIZE (+ LOCAL_RANK or --local_rank)
-    the ModelZoo shell loop              RANK_SIZE + RANK_ID (+ LOCAL_RANK)
-    Slurm (srun, one task per device)    SLURM_PROCID + SLURM_NTASKS in a job step (trainer/job/clusters.py)
-    Ascend's rank table                  RANK_TABLE_FILE (+ RANK_ID, or DEVICE_ID / LOCAL_RANK on a listed host)
-    a shell loop with spawn's flags      LOCAL_RANK + --multiprocessing-distributed (the Ascend guide's loop:
-                                         this process is one of the node's ranks; nothing is spawned)
-    spawn                                --multiprocessing-distributed
-    one node, rank = local rank          WORLD_SIZE + LOCAL_RANK or --local_rank, no RANK (the 910B guide's
-                                         train.sh)
-    flags                                --world-size N --rank R
-    single                               none of these
-    """
+    """The first way to start whose variables or flags are given (docs/DISTRIBUTED.md's table, in its order)."""
     base, local_rank = _rendezvous(asked, env), _local_rank(asked, env)
     torchrun, shell_loop = "RANK" in env and "WORLD_SIZE" in env, "RANK_SIZE" in env
     slurm = None if torchrun or shell_loop else clusters.slurm_tasks(env)
@@ -114,11 +93,11 @@ def place(asked, env):
     if spawn:
         way = _spawn(asked, base.port) if local_rank is None else _spawn_loop(asked, env_world, local_rank)
     elif torchrun:
-        way = _torchrun(asked, env, local_rank)
+        way = _torchrun(env, local_rank)
     elif shell_loop:
         way = _rank_id_loop(asked, env, local_rank, table)
     elif placed is not None:
-        way = _slurm(placed, local_rank) if placed is slurm else _rank_table(asked, table, local_rank)
+        way = _slurm(placed, local_rank) if placed is slurm else _rank_table(asked, table)
     elif env_world is not None and env_world > 1 and asked.rank < 0:
         way = _one_node(asked, env_world, local_rank)
     elif asked.world_size > 1 or asked.rank >= 0:
@@ -126,13 +105,14 @@ def place(asked, env):
     else:
         way = dict(mode="single", world_size=1, rank=0, local_rank=local_rank or 0)
     out = dataclasses.replace(base, notes=notes, **way)
-    if out.mode != "single" and asked.gpu is not None and not (torchrun or shell_loop):
+    if torchrun or shell_loop:
+        _check_gpu(asked, out)
+    elif out.mode != "single" and asked.gpu is not None:
         raise UsageError("--gpu picks the device of a single-process run; with several processes use --device-list")
     return _slot(asked, out)
 
 
 def _rendezvous(asked, env):
-    """The master and the rendezvous URL from --addr/--port/--dist-url and MASTER_ADDR/MASTER_PORT."""
     addr = asked.addr or env.get("MASTER_ADDR") or "127.0.0.1"
     port = asked.port if asked.port is not None else (
         _env_int(env, "MASTER_PORT") if env.get("MASTER_PORT") else DEFAULT_PORT)
@@ -141,8 +121,19 @@ def _rendezvous(asked, env):
     url = asked.dist_url or "env://"
     if not url.startswith(("env://", "tcp://", "file://")):
         raise UsageError("--dist-url must be env://, tcp://HOST:PORT or file://PATH, got '{}'".format(url))
-    url, addr, port, notes = rendezvous.read_url(url, addr, port, asked.addr is not None, asked.port is not None)
-    return Placement(addr=addr, port=port, dist_url=url, notes=notes)
+    if not url.startswith("tcp://"):
+        return Placement(addr=addr, port=port, dist_url=url)
+    # tcp://HOST:PORT is read as env:// with that master (what the guides mean)
+    rest = url[len("tcp://"):].split("?", 1)[0].rstrip("/")
+    host, sep, port_text = rest.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise UsageError("--dist-url '{}' is not tcp://HOST:PORT (a port 0-65535)".format(url))
+    pairs = (("--addr", asked.addr is not None, addr, host), ("--port", asked.port is not None, port, int(port_text)))
+    ignored = ["{} {}".format(name, value) for name, given, value, mine in pairs if given and str(value) != str(mine)]
+    note = "--dist-url {}: the ranks meet at {}:{} (env://, MASTER_ADDR and MASTER_PORT){}".format(
+        url, host, port_text, "; {} ignored".format(" and ".join(ignored)) if ignored else "")
+    return Placement(addr=host, port=int(port_text), dist_url="env://", notes=(note,))
 
 
 def _local_rank(asked, env):
@@ -157,7 +148,7 @@ def _local_rank(asked, env):
 
 
 def _nodes(asked):
-    """(nodes, node rank) where --world-size and --rank count nodes (spawn's flags)."""
+    """(nodes, node rank) from --world-size and --rank counting nodes."""
     nodes, node_rank = max(asked.world_size, 0) or 1, max(asked.rank, 0)
     if node_rank >= nodes:
         raise UsageError("--rank {} (node rank) must be below --world-size {} (nodes)".format(node_rank, nodes))
@@ -175,8 +166,7 @@ def _spawn(asked, port):
 
 
 def _spawn_loop(asked, env_world, local_rank):
-    """One rank of a shell loop that passes spawn's flags (LOCAL_RANK per process): the node's processes are
-    counted, nothing is spawned."""
+    """One rank of a shell loop with spawn's flags (LOCAL_RANK per process): nothing is spawned."""
     nodes, node_rank = _nodes(asked)
     per_node = len(asked.device_list) if asked.device_list else _visible(asked.device)
     world = env_world if env_world else nodes * per_node
@@ -192,68 +182,55 @@ def _spawn_loop(asked, env_world, local_rank):
                 nodes=nodes, node_rank=node_rank, procs_per_node=per_node)
 
 
-def _torchrun(asked, env, local_rank):
+def _torchrun(env, local_rank):
     """torchrun / torch.distributed.launch: RANK, WORLD_SIZE (and LOCAL_WORLD_SIZE) exported."""
     world, rank = _env_int(env, "WORLD_SIZE"), _env_int(env, "RANK")
     per_node = _env_int(env, "LOCAL_WORLD_SIZE") if env.get("LOCAL_WORLD_SIZE") else world
-    return _exported(asked, env, world, rank, local_rank, per_node)
-
-
-def _rank_id_loop(asked, env, local_rank, table):
-    """One process of a ModelZoo shell loop: RANK_SIZE processes per node, this one's index RANK_ID (else
-    --local_rank / LOCAL_RANK, else ResNet50_ID4149's --gpu). With --multiprocessing-distributed, --world-size
-    counts nodes and --rank is this node's (ModelZoo's cluster script: rank = node rank x RANK_SIZE + index), as in
-    their main.py. With a rank table, the table says where each rank sits."""
-    per_node = _env_int(env, "RANK_SIZE")
-    if env.get("RANK_ID"):
-        index = _env_int(env, "RANK_ID")
-    else:
-        index = local_rank if local_rank is not None else asked.gpu if asked.gpu is not None else 0
-    nodes, node = _nodes(asked) if asked.multiprocessing_distributed else (1, 0)
-    if env.get("RANK"):
-        rank = _env_int(env, "RANK")
-    else:
-        if not 0 <= index < max(per_node, 1):
-            raise UsageError("RANK_ID {} is outside a world of {} per node (RANK_SIZE={}: RANK_ID "
-                             "0..{})".format(index, counted(per_node, "process"), per_node, per_node - 1))
-        rank = node * per_node + index
-    world, local_rank = per_node * nodes, local_rank if local_rank is not None else index
-    if table is None:
-        return _exported(asked, env, world, rank, local_rank, per_node)
-    way = _exported(asked, env, world, rank, local_rank, per_node, check=False)
-    if table["world_size"] != world or table["rank"] != rank:
-        raise UsageError("RANK_SIZE {} / RANK_ID {} do not match RANK_TABLE_FILE (rank {} of {}): export the "
-                         "table's rank ids".format(world, rank, table["rank"], table["world_size"]))
-    way.update(nodes=table["nodes"], node_rank=table["node_rank"], procs_per_node=table["procs_per_node"],
-               local_rank=table["local_rank"], device_list=_table_devices(asked, table))
-    _check_gpu(asked, way["mode"], way["local_rank"], way["device_list"])
-    return way
-
-
-def _exported(asked, env, world, rank, local_rank, per_node, check=True):
-    """The place of a process its launcher numbered (torchrun, a shell loop); ``check``: --gpu against it."""
-    if local_rank is None:
-        local_rank = _env_int(env, "RANK_ID") if env.get("RANK_ID") else rank % per_node
-    if world < 1 or not 0 <= rank < world:
-        raise UsageError("rank {} is outside a world of {} (check RANK/WORLD_SIZE or "
-                         "RANK_ID/RANK_SIZE)".format(rank, counted(world, "process")))
-    way = dict(mode="process" if world > 1 else "single", world_size=world, rank=rank, local_rank=local_rank,
-               procs_per_node=per_node, nodes=max(1, world // per_node), node_rank=rank // per_node)
-    if check:
-        _check_gpu(asked, way["mode"], local_rank, None)
-    return way
+    return _exported(env, world, rank, local_rank, per_node)
 
 
 def _slurm(tasks, local_rank):
-    """A task of a Slurm job step (srun): Slurm numbers the tasks and their nodes."""
+    """A task of a Slurm step (srun): its place as Slurm gives it (trainer/job/clusters.py)."""
     return dict(mode="process", world_size=tasks["world_size"], rank=tasks["rank"],
                 local_rank=local_rank if local_rank is not None else tasks["local_rank"],
                 procs_per_node=tasks["procs_per_node"], nodes=tasks["nodes"], node_rank=tasks["node_rank"])
 
 
-def _rank_table(asked, table, local_rank):
-    """A process of Ascend's rank table: its slot (a local rank given was checked against it) and device."""
-    return dict(_slurm(table, local_rank), local_rank=table["local_rank"], device_list=_table_devices(asked, table))
+def _rank_table(asked, table):
+    """A process of Ascend's rank table: its place and its node's devices as the table lists them."""
+    return dict(_slurm(table, None), device_list=_table_devices(asked, table))
+
+
+def _rank_id_loop(asked, env, local_rank, table):
+    """One process of a ModelZoo loop: RANK_SIZE per node, index RANK_ID (else local rank, else ResNet50_ID4149's
+    --gpu); with --multiprocessing-distributed, --world-size and --rank count nodes (as their main.py)."""
+    per_node = _env_int(env, "RANK_SIZE")
+    index = _env_int(env, "RANK_ID") if env.get("RANK_ID") else local_rank if local_rank is not None else (
+        asked.gpu if asked.gpu is not None else 0)
+    nodes, node = _nodes(asked) if asked.multiprocessing_distributed else (1, 0)
+    if not env.get("RANK") and not 0 <= index < max(per_node, 1):
+        raise UsageError("RANK_ID {} is outside a world of {} per node (RANK_SIZE={}: RANK_ID "
+                         "0..{})".format(index, counted(per_node, "process"), per_node, per_node - 1))
+    rank = _env_int(env, "RANK") if env.get("RANK") else node * per_node + index
+    world, local_rank = per_node * nodes, local_rank if local_rank is not None else index
+    way = _exported(env, world, rank, local_rank, per_node)
+    if table is None:
+        return way
+    if table["world_size"] != world or table["rank"] != rank:
+        raise UsageError("RANK_SIZE {} / RANK_ID {} do not match RANK_TABLE_FILE (rank {} of {}): export the "
+                         "table's rank ids".format(world, rank, table["rank"], table["world_size"]))
+    return dict(_rank_table(asked, table), mode=way["mode"])
+
+
+def _exported(env, world, rank, local_rank, per_node):
+    """The place of a process its launcher numbered."""
+    if local_rank is None:
+        local_rank = _env_int(env, "RANK_ID") if env.get("RANK_ID") else rank % per_node
+    if world < 1 or not 0 <= rank < world:
+        raise UsageError("rank {} is outside a world of {} (check RANK/WORLD_SIZE or "
+                         "RANK_ID/RANK_SIZE)".format(rank, counted(world, "process")))
+    return dict(mode="process" if world > 1 else "single", world_size=world, rank=rank, local_rank=local_rank,
+                procs_per_node=per_node, nodes=max(1, world // per_node), node_rank=rank // per_node)
 
 
 def _one_node(asked, env_world, local_rank):
@@ -283,10 +260,8 @@ def _flags(asked, local_rank):
 
 
 def _slot(asked, out):
-    """This process's local rank is its slot among its node's processes (0..procs_per_node-1), never a device id.
-    Where the node has one process (a single run, --world-size/--rank alone), a local rank given (LOCAL_RANK,
-    --local_rank) names its device instead: slot 0, that device (its --device-list entry where one is given;
-    --gpu, where given, picks the device as before)."""
+    """A local rank is a slot among the node's processes, never a device id; where the node has one process, a
+    local rank given names its device instead (its --device-list entry; --gpu still wins), at slot 0."""
     slot, per_node = out.local_rank, out.procs_per_node
     if not slot or not per_node or out.device_list is not None:
         return out
@@ -306,8 +281,7 @@ def _slot(asked, out):
 
 
 def _table_devices(asked, table):
-    """The devices of this host's processes by slot under a rank table: the table's (in its order), or
-    --device-list where given, whose entry for this process's slot must be the table's device."""
+    """This host's devices by slot under a rank table: the table's, or --device-list agreeing with it."""
     if not asked.device_list:
         return table["devices"]
     slot, ids = table["local_rank"], ",".join(map(str, table["devices"]))
@@ -321,17 +295,14 @@ def _table_devices(asked, table):
     return tuple(asked.device_list)
 
 
-def _check_gpu(asked, mode, local_rank, device_list):
-    """--gpu N in a ModelZoo loop or under torchrun (ResNet50_ID4149's scripts pass --gpu ${RANK_ID}) names this
-    process's device: it must be the one its place gives (its --device-list or rank table slot, or its local
-    rank)."""
-    if asked.gpu is None or mode == "single":
+def _check_gpu(asked, out):
+    """--gpu N in a ModelZoo loop or torchrun (ResNet50_ID4149: --gpu ${RANK_ID}) must be this place's device."""
+    if asked.gpu is None or out.mode == "single":
         return
-    slot = local_rank or 0
-    ids = device_list or asked.device_list
+    slot = out.local_rank or 0
+    ids = out.device_list or asked.device_list
     own = ids[slot] if ids and slot < len(ids) else slot
     if asked.gpu != own:
+        where = " of --device-list" if asked.device_list else " of RANK_TABLE_FILE" if ids else ""
         raise UsageError("--gpu {} contradicts this process's place: local rank {} uses device {}{} (drop --gpu, "
-                         "or pass the rank's own index)".format(asked.gpu, slot, own, " of --device-list"
-                                                                if asked.device_list else " of RANK_TABLE_FILE"
-                                                                if ids else ""))
+                         "or pass the rank's own index)".format(asked.gpu, slot, own, where))

@@ -1,6 +1,5 @@
-"""The rank processes of a node: ``spawn`` (--multiprocessing-distributed) starts them, ``Ranks`` supervises
-them (spawn's and the ModelZoo drivers'): waits, names the rank to blame, stops the others, passes Ctrl-C
-on."""
+"""A node's rank processes: ``spawn`` (--multiprocessing-distributed) starts them, ``Ranks`` supervises them
+(spawn's and the ModelZoo drivers'): waits, names the rank to blame, stops the others, passes Ctrl-C on."""
 import multiprocessing
 import os
 import shutil
@@ -13,16 +12,14 @@ import traceback
 from trainer.guard import EXIT_DIVERGED
 from trainer.job.launch import check_port_free, free_port
 from trainer.job.lifeline import die_with_parent
-from trainer.job.stop import SIGNALS, exit_code, name
+from trainer.job.stop import SIGNALS, exit_code, hold_warning, name, warning_blocked
 
 
 STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
 SIGNAL_GRACE = 120.0  # a stop signal passed on: the ranks' agreed step, and their mid-epoch checkpoint's write
-# exit codes of a rank stopped by a signal that reached the ranks but not their supervisor (a kill of one rank, a
-# cluster's signal to the ranks' processes): the ranks agreed on the stop and each saved its part
+# a signal reached the ranks but not their supervisor: the ranks agreed on the stop and each saved its part
 STOPPED = tuple(exit_code(s) for s in SIGNALS)
-# exit codes of a rank that stopped on its own and said why (a user error, a divergence, a stop signal): every
-# rank meets the same condition, so the others are given STOP_GRACE to stop as well before being stopped
+# a rank stopped on its own and said why: the others meet the same condition and get STOP_GRACE to stop as well
 ORDERLY = (2, EXIT_DIVERGED) + STOPPED
 
 
@@ -32,7 +29,7 @@ class Interrupted(Exception):
     def __init__(self, signum):
         Exception.__init__(self, signum)
         self.signum = signum
-        self.exit_code = exit_code(signum)  # 130 for SIGINT, 143 for SIGTERM
+        self.exit_code = exit_code(signum)
 
 
 def _on_signal(signum, frame):
@@ -44,10 +41,8 @@ def _exit_code(proc):
 
 
 class Ranks:
-    """The rank processes of one job on this node, however started (``spawn``'s workers, or one process per
-    device from the drivers): wait for them, name the rank to blame, stop the others. ``groups``: each rank
-    leads its own process group, which is signalled as a whole (its data loader workers included).
-    Inside ``with ranks:`` SIGINT, SIGTERM and SIGUSR1 raise Interrupted, so that the caller stops the ranks."""
+    """The rank processes of one job on this node (``spawn``'s or the drivers'). ``groups``: each rank leads its own
+    process group (its loader workers included). Inside ``with ranks:`` a stop signal raises Interrupted."""
 
     def __init__(self, procs=(), groups=False):
         self.procs, self.groups, self._handlers = list(procs), groups, {}
@@ -68,16 +63,14 @@ class Ranks:
         return any(c is None for c in self.codes())
 
     def failed(self, named=None):
-        """The rank to blame once one failed, else None: a killed rank rather than its peers, then one that failed
-        on its own rather than one that named another's failure (``named(rank)``: exit 1 with one line)."""
+        """The rank to blame, else None: a killed one first, then one that failed on its own (not ``named(rank)``)."""
         bad = [(r, c) for r, c in enumerate(self.codes()) if c not in (None, 0)]
         killed = [r for r, c in bad if c < 0]
         own = [r for r, c in bad if not (named is not None and c == 1 and named(r))]
         return (killed or own or [r for r, _ in bad] or [None])[0]
 
     def signal_all(self, sig):
-        """``sig`` to each rank; SIGKILL to each rank's whole group (``groups``): a stop signal is the rank's to act
-        on, and its data workers go on serving it until it stops (trainer/job/stop.py)."""
+        """``sig`` to each rank; SIGKILL to its whole group (a stop signal is the rank's: its workers serve on)."""
         for p in self.procs:
             if _exit_code(p) is None or (self.groups and sig == signal.SIGKILL):
                 try:
@@ -91,8 +84,7 @@ class Ranks:
             time.sleep(poll)
 
     def stop(self, sig=signal.SIGTERM, poll=0.2, grace=None):
-        """``sig`` to every rank still running, SIGKILL after ``grace`` seconds (STOP_GRACE by default; and to what
-        is left in their groups)."""
+        """``sig`` to every rank still running, SIGKILL (to their groups too) after ``grace`` (STOP_GRACE) seconds."""
         self.signal_all(sig)
         self._settle(STOP_GRACE if grace is None else grace, poll)
         self.signal_all(signal.SIGKILL)
@@ -100,10 +92,8 @@ class Ranks:
             (p.wait if hasattr(p, "wait") else p.join)()
 
     def supervise(self, poll=0.2, named=None):
-        """Wait for every rank; once one failed, stop the others (a rank that stopped in ORDERLY fashion, or with a
-        failure it named in one line: ``named(rank)``, leaves them STOP_GRACE to stop on their own first: a
-        rendezvous that timed out ends every rank, and the one that says so may not be the first to exit).
-        Returns the rank to blame, or None."""
+        """Wait for every rank; once one failed, stop the others (after STOP_GRACE where it stopped ORDERLY or named
+        its failure: the one that says why may not exit first). Returns the rank to blame, or None."""
         while self.running() and self.failed() is None:
             time.sleep(poll)
         blame = self.failed(named)
@@ -116,20 +106,11 @@ class Ranks:
         return blame
 
 
-# ---------------------------------------------------------------- spawn
-
-
 def spawn(plan, worker):
-    """--multiprocessing-distributed: one process per device of ``plan`` (a plan.Plan), supervised (``Ranks``);
-    each runs ``worker(its plan)``.
-
-    If any rank fails, the others are stopped and this returns its exit code (2 for a
-    user error, 4 for a divergence, 1 otherwise); Ctrl-C stops all of them (130, SIGTERM 143).
-    """
+    """--multiprocessing-distributed: one supervised ``worker`` per device; returns the job's exit code."""
     section = plan.launch
-    ids = section.device_list  # decided by the plan (launch.settle)
+    ids, port = section.device_list, section.port  # ids: decided by the plan (launch.settle)
     nprocs = len(ids)
-    port = section.port
     if section.dist_url.startswith("env://") and section.node_rank == 0:
         if port == 0:
             port = free_port()
@@ -142,15 +123,15 @@ def spawn(plan, worker):
     try:
         with ranks:
             context = multiprocessing.get_context("spawn")
-            for i in range(nprocs):
-                proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i], os.getpid()),
-                                       name="spawn rank {}".format(i))
-                proc.start()
-                ranks.procs.append(proc)
+            with warning_blocked():  # a rank holds Slurm's warning from its first line
+                for i in range(nprocs):
+                    proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i], os.getpid()),
+                                           name="spawn rank {}".format(i))
+                    proc.start()
+                    ranks.procs.append(proc)
             r = ranks.supervise(named=lambda i: not _take_trace(traces[i]))  # exit 1 without a traceback
     except Interrupted as exc:
-        # the signal is passed on as it came (a terminal's Ctrl-C signals the ranks already; kill -INT does not):
-        # the ranks stop at the step they agree on, each saves its part and writes its summary (trainer/job/stop.py)
+        # passed on (a terminal's Ctrl-C reached the ranks already, kill -INT did not): they stop at an agreed step
         ranks.stop(sig=exc.signum, grace=SIGNAL_GRACE)
         sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
                          "--resume auto\n".format(plan.run.output_dir))
@@ -168,8 +149,7 @@ def spawn(plan, worker):
         return code
     if code in (2, EXIT_DIVERGED) or (code == 1 and not traces[r]):
         return code  # the rank printed its one-line error already (exit 1 without a traceback: a failure it named)
-    if traces[r]:
-        sys.stderr.write(traces[r])
+    sys.stderr.write(traces[r])
     how = "exit code {}".format(code) if code >= 0 else "signal {}".format(-code)
     sys.stderr.write("error: local rank {} failed ({}); stopped the other ranks\n".format(r, how))
     return 1
@@ -182,7 +162,6 @@ def stopped_line(code, output_dir):
 
 
 def _take_trace(path):
-    """The traceback a spawned rank left in its trace file ("" if it left none)."""
     try:
         with open(path) as f:
             return f.read()
@@ -191,9 +170,9 @@ def _take_trace(path):
 
 
 def _spawn_entry(local_index, plan, worker, trace_path, supervisor):
-    """A spawned rank: run ``worker``, exit with its code. A raised exception's traceback goes to
-    ``trace_path`` for the supervisor to print once (the rank itself prints nothing), exit code 1. The rank
-    ends with its ``supervisor`` (a pid), also when that was killed: no rank trains on unsupervised."""
+    """A spawned rank: run ``worker``, exit with its code; a traceback goes to ``trace_path`` for the supervisor to
+    print once (exit 1). The rank ends with its ``supervisor`` (a pid), also when that was killed."""
+    hold_warning()
     die_with_parent(signal.SIGTERM, supervisor)  # SIGTERM ends a rank at once (ranks leave it unhandled)
     plan = plan.placed(local_rank=local_index, rank=plan.launch.rank + local_index)
     try:

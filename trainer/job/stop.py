@@ -1,20 +1,13 @@
-"""The one stop path of a run: SIGINT (Ctrl-C), SIGTERM (Slurm's time limit, scancel, Kubernetes, torchrun's
-agent, ``timeout``, ``docker stop``) and SIGUSR1 (Slurm's warning, ``sbatch --signal=B:USR1@120``) ask the run to
-stop. In the training loop the request only sets a flag: the loop stops at a step boundary that every rank agrees
-on, the run saves a mid-epoch checkpoint, writes its summary (status ``interrupted``, the signal and the step),
-releases its lock, closes TensorBoard and exits with 128 + the signal's number. In a run of one process the first
-SIGINT or SIGTERM outside the loop (building the run, validating, saving) raises ``Stopped`` at once, as Ctrl-C
-always did; SIGUSR1, a warning that time runs out, is kept until the loop starts, which stops before its first
-step (and requeues the job: a warning during a requeued job's start-up does not end it for good). A
-run of several ranks never leaves on its own at the first signal, wherever it comes: each rank keeps the flag, and
-the ranks agree on it before training starts and at the loop's print steps, so that none waits for a peer that left
-(a rank that left in the middle of a step would leave its peers blocked in the step's collectives). A second signal
-always raises at once.
-
-Under Slurm a job that may be requeued is requeued (``scontrol requeue``) once its checkpoint is written: it
-starts again and continues with --resume auto. Under torchrun a stopped worker exits non-zero, and the agent's
---max-restarts starts it again.
+"""The one stop path of a run: SIGINT, SIGTERM and SIGUSR1 (Slurm's warning). In the training loop a signal sets a
+flag: the loop stops at a step every rank agrees on, saves a mid-epoch checkpoint and its summary, and exits with
+128 + the signal. In a one-process run a first SIGINT or SIGTERM outside the loop raises ``Stopped``; SIGUSR1 is
+kept until the loop starts, which stops before its first step and requeues. Several ranks never leave at a first
+signal (none may be left blocked in a collective): they agree on it before training and at print steps. A second
+signal always raises. A requeueable Slurm job is requeued once its checkpoint is written. Around the run
+(``hold_warning``: main.py's first line, a spawned rank's) SIGUSR1 is kept, never its default action: a warning
+while the process starts reaches the run's handlers, and one after the run ended leaves its exit code as it was.
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,6 +15,42 @@ import time
 
 WARNING = getattr(signal, "SIGUSR1", None)  # Slurm's warning signal: kept until the loop can act on it
 SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, WARNING) if s is not None)
+_KEPT = []  # warnings that came while no run's handler was installed
+
+
+def _keep(signum, frame):
+    _KEPT.append(signum)
+
+
+def hold_warning():
+    """From here on SIGUSR1 outside a run's handlers is kept (``kept``), not the end of the process; unblocked if the
+    process started with it blocked (``warning_blocked``: it waited there)."""
+    if WARNING is not None:
+        signal.signal(WARNING, _keep)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {WARNING})
+
+
+def kept():
+    """Whether a warning was kept since the last call (which forgets it)."""
+    found = bool(_KEPT)
+    del _KEPT[:]
+    return found
+
+
+@contextlib.contextmanager
+def warning_blocked():
+    """SIGUSR1 blocked while processes start (they inherit it blocked: a warning waits for their ``hold_warning``);
+    then a warning kept before is delivered to the handler in force."""
+    if WARNING is None:
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {WARNING})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {WARNING})
+    if kept():
+        os.kill(os.getpid(), WARNING)
 
 
 class Stopped(KeyboardInterrupt):
@@ -41,18 +70,15 @@ def name(signum):
 
 
 def exit_code(signum):
-    """The exit code of a run stopped by ``signum``: 128 + its number (130 for SIGINT, 143 for SIGTERM), what
-    shells, torchrun and Slurm read as "ended by that signal"."""
+    """128 + ``signum`` (130 for SIGINT, 143 for SIGTERM): what shells, torchrun and Slurm read as ended by it."""
     return 128 + int(signum)
 
 
 class StopRequest:
-    """The signals' handler while a run trains. ``armed``: the loop checks ``signum`` at its step boundaries
-    (else a signal raises Stopped); ``several``: the ranks of a job agree on the stop wherever the signal came, so
-    a first signal never raises. ``install`` returns self; ``restore`` puts the previous handlers back."""
+    """The signals' handler while a run trains. ``armed``: the loop checks ``signum`` at its step boundaries (else a
+    signal raises Stopped); ``several``: the ranks agree on the stop, so a first signal never raises."""
 
-    REPEAT = 2.0  # seconds: the same signal again this soon is the one signal delivered twice (a terminal's
-    # Ctrl-C reaches a rank, and its supervisor passes it on), not a second request
+    REPEAT = 2.0  # s: the same signal this soon is one delivered twice (Ctrl-C, and the supervisor passing it on)
 
     def __init__(self):
         self.signum, self.armed, self.several, self._previous, self._at = None, False, False, {}, 0.0
@@ -63,12 +89,13 @@ class StopRequest:
             self._previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
         except ValueError:  # not the main thread: the signals stay as they were
             self._previous = {}
+        if self._previous and kept():  # a warning while the process started: as if it came now
+            self.signum, self._at = WARNING, time.time()
         return self
 
     def ignore(self):
-        """The run has stopped and its checkpoint is whole: later signals are ignored until ``restore``, so that
-        none cuts its exit short (Slurm ends the processes of a job it requeues with SIGTERM, while rank 0 still
-        waits for ``scontrol requeue`` or logs it)."""
+        """The checkpoint is whole: later signals are ignored until ``restore``, so none cuts the exit short (Slurm
+        SIGTERMs a job it requeues while rank 0 still waits for ``scontrol requeue``)."""
         for s in self._previous:
             signal.signal(s, signal.SIG_IGN)
 
@@ -91,20 +118,17 @@ class StopRequest:
 
 
 def requeue(env=None, run=subprocess.run):
-    """Under Slurm, requeue this job where it may be requeued (``Requeue=1`` in ``scontrol show job``: sbatch
-    --requeue, or the cluster's JobRequeue default). Returns a line saying what was done, or None outside Slurm."""
+    """Requeue this Slurm job where ``scontrol show job`` says Requeue=1; returns what was done, None outside Slurm."""
     env = os.environ if env is None else env
     job = env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") and "{}_{}".format(
         env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) or env.get("SLURM_JOB_ID")
     if not job:
         return None
+    kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
     try:
-        shown = run(["scontrol", "show", "job", job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    universal_newlines=True, timeout=30)
-        if "Requeue=1" not in shown.stdout.split():
+        if "Requeue=1" not in run(["scontrol", "show", "job", job], **kw).stdout.split():
             return "Slurm job {} may not be requeued (sbatch --requeue): it ends here".format(job)
-        done = run(["scontrol", "requeue", job], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                   universal_newlines=True, timeout=30)
+        done = run(["scontrol", "requeue", job], **kw)
     except (OSError, subprocess.SubprocessError) as exc:
         return "Slurm job {} not requeued: {}".format(job, exc)
     if done.returncode != 0:

@@ -2,10 +2,8 @@
 
 
 class OptimizerChoice:
-    """What an optimizer factory returns: the optimizer, its name for logs and summary.json, whether
-    ``zero_grad`` may free the gradients, a note for the log (or None) and the names of its parameter groups
-    (trainer/optim/groups.py). ``kind``: the ``--optimizer`` name (``optim.create_optimizer`` names what it
-    built)."""
+    """What an optimizer builder returns: the optimizer, its name for logs and summary.json, whether ``zero_grad``
+    may free the gradients, a note (or None), its parameter groups' names; ``kind``: the ``--optimizer`` name."""
 
     kind = "sgd"
 

@@ -1,17 +1,9 @@
-"""``--model-ema``: an exponential moving average of the weights, as torchvision's classification reference keeps
-it (its flags, defaults and decay adjustment).
-
-The average is torch's ``AveragedModel`` (a copy of the bare model on its device, buffers averaged too: BatchNorm
-statistics; integer counters follow the model) with torch's EMA function (``get_ema_multi_avg_fn``: one foreach
-lerp), or their fallbacks on an older torch (trainer/device/shims.py). It moves after the optimizer step of every
-``--model-ema-steps`` N-th step of an epoch (steps 0, N, 2N, ...), by a decay adjusted for the global batch, N and
-the epochs (torchvision's reference, after pycls: ``1 - min(1, (1 - D) x batch x N / epochs)``); while the LR warms
-up (``--warmup-epochs``) it copies the weights instead. Its first update copies them too.
-
-No host sync: the update is device work only, and the count of updates (``n_averaged``, which decides between
-copying and averaging) lives on the host (AveragedModel's own ``update_parameters`` moves it to the device and
-reads it back, a sync per update). The checkpoint entry ``model_ema`` is the AveragedModel's state dict
-(torchvision's key): its ``module.``-prefixed weights and ``n_averaged``.
+"""``--model-ema``: an exponential moving average of the weights, as torchvision's classification reference keeps it
+(flags, defaults, decay): torch's ``AveragedModel`` (BatchNorm statistics averaged too) with ``get_ema_multi_avg_fn``,
+or their fallbacks on an older torch (trainer/device/shims.py). It moves after every ``--model-ema-steps`` N-th step of
+an epoch (0, N, 2N, ...) by a decay adjusted as torchvision (after pycls): ``1 - min(1, (1 - D) x batch x N / epochs)``;
+its first update, and those while the LR warms up, copy the weights. No host sync: the count of updates lives on the
+host (AveragedModel's own update reads it back from the device). Checkpoint entry: ``model_ema``, torchvision's.
 """
 import itertools
 
@@ -21,21 +13,17 @@ from trainer import device as devmod
 
 
 def decay_per_update(decay, global_batch, every, epochs):
-    """torchvision's reference's adjustment of ``--model-ema-decay`` for the global batch, the steps between
-    updates and the epochs."""
-    alpha = min(1.0, (1.0 - decay) * global_batch * every / float(epochs))
-    return 1.0 - alpha
+    """torchvision's reference's ``--model-ema-decay`` for the global batch, the steps between updates, the epochs."""
+    return 1.0 - min(1.0, (1.0 - decay) * global_batch * every / float(epochs))
 
 
 class ModelEMA:
-    """The average of ``model`` (the bare model; ``section``: the config's optim section) in a run of
-    ``global_batch`` images a step, ``epochs`` epochs of ``steps_per_epoch`` steps."""
+    """The average of the bare ``model`` (``section``: the config's optim section)."""
 
     def __init__(self, model, section, global_batch, epochs, steps_per_epoch):
         self.every, self.asked = section.model_ema_steps, section.model_ema_decay
         self.decay = decay_per_update(section.model_ema_decay, global_batch, self.every, epochs)
-        self.warm_steps = int(round(section.warmup_epochs * steps_per_epoch))
-        self.steps_per_epoch = steps_per_epoch
+        self.warm_steps, self.steps_per_epoch = int(round(section.warmup_epochs * steps_per_epoch)), steps_per_epoch
         self.average_fn = devmod.ema_multi_avg_fn(self.decay)
         self.averaged = devmod.averaged_model(model, self.average_fn)
         self.module = self.averaged.module
@@ -47,16 +35,13 @@ class ModelEMA:
 
     @torch.no_grad()
     def update(self, epoch, i):
-        """After the optimizer step of step ``i`` of ``epoch``: every N-th step of an epoch, the average moves."""
+        """After the optimizer step of step ``i`` of ``epoch``."""
         if i % self.every:
             return
-        if self.updates == 0:
-            for e, m in self._all:
-                e.copy_(m)
-        else:
+        if self.updates:  # the first update copies every tensor
             self.average_fn(self._floats[0], self._floats[1], self.updates)
-            for e, m in self._others:
-                e.copy_(m)
+        for e, m in self._others if self.updates else self._all:
+            e.copy_(m)
         self.updates += 1
         if epoch * self.steps_per_epoch + i < self.warm_steps:
             self.updates = 0  # torchvision's reference: the average copies the weights while the LR warms up
@@ -71,8 +56,7 @@ class ModelEMA:
 
     def describe(self):
         """summary.json's ``model_ema``."""
-        return {"decay": self.asked, "decay_per_update": self.decay, "every_steps": self.every,
-                "updates": self.updates}
+        return {"decay": self.asked, "decay_per_update": self.decay, "every_steps": self.every, "updates": self.updates}
 
 
 def _tensors(module):

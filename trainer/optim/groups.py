@@ -1,15 +1,9 @@
 """Parameter groups by weight decay: the weights, and the normalisation layers' parameters with every bias.
-
-``--norm-weight-decay WD`` (torchvision's reference's name: the weight decay of normalisation layers) is the
-weight decay of the second group, which holds the biases too (torchvision's ``--bias-weight-decay``), as MLPerf's
-ResNet-50 exempts them. FFCV's recipes exempt only BatchNorm parameters (its train_imagenet.py: the parameters
-whose names hold "bn", so a ResNet's shortcut BatchNorm, ``downsample.1``, is decayed there) and decay the
-classifier's bias; here both are in this group. Not given: SGD keeps one group at ``--wd``; LARS keeps its exclusion
-(no weight decay there, MLPerf's). A model is split by module type and parameter name, bare parameters by shape
-(1-D: a bias or a norm layer's scale).
-
-A checkpoint's optimizer state restores into groups of the same split (``load_state``): the groups' weight
-decay and momentum are the command line's, as the LR is.
+``--norm-weight-decay WD`` (torchvision's reference's name) is the weight decay of the second group, which holds the
+biases too (torchvision's ``--bias-weight-decay``), as MLPerf's ResNet-50 exempts them. FFCV's recipes exempt only
+parameters named "bn" (decaying a ResNet's shortcut BatchNorm) and decay the classifier's bias; here both are in it. Not
+given: SGD keeps one group at ``--wd``; LARS its exclusion (no weight decay, MLPerf's). A model is split by module type
+and parameter name, bare parameters by shape (1-D).
 """
 import torch
 
@@ -41,37 +35,27 @@ def split(params_or_model):
 
 
 def weight_decay_groups(params_or_model, weight_decay, norm_weight_decay=None, norm_options=None):
-    """(param groups, their names): one group of every parameter at ``weight_decay`` where ``norm_weight_decay``
-    is None, else the weights at ``weight_decay`` and the norm parameters and biases at ``norm_weight_decay``
-    (``norm_options``: more keys of that group); an empty group is left out."""
+    """(param groups, their names): one group, or weights and norm parameters with biases (none empty)."""
     if norm_weight_decay is None:  # every parameter in the model's order, as an optimizer given them takes them
         params = params_or_model.parameters() if isinstance(params_or_model, torch.nn.Module) else params_or_model
         return [{"params": list(params), "weight_decay": weight_decay}], (ALL,)
     weights, norms = split(params_or_model)
-    groups, names = [], []
-    if weights:
-        groups.append({"params": weights, "weight_decay": weight_decay})
-        names.append(WEIGHTS)
-    if norms:
-        groups.append(dict(norm_options or {}, params=norms, weight_decay=norm_weight_decay))
-        names.append(NORM_AND_BIAS)
-    return groups, tuple(names)
+    named = [(WEIGHTS, {"params": weights, "weight_decay": weight_decay}),
+             (NORM_AND_BIAS, dict(norm_options or {}, params=norms, weight_decay=norm_weight_decay))]
+    named = [(name, group) for name, group in named if group["params"]]
+    return [group for _, group in named], tuple(name for name, _ in named)
 
 
 def describe(optimizer, names):
     """summary.json's ``param_groups``: each group's name, tensors, elements and weight decay."""
-    out = []
-    for i, group in enumerate(optimizer.param_groups):
-        out.append({"name": names[i] if i < len(names) else "group{}".format(i), "tensors": len(group["params"]),
-                    "elements": sum(p.numel() for p in group["params"]),
-                    "weight_decay": float(group.get("weight_decay", 0.0))})
-    return out
+    return [{"name": names[i] if i < len(names) else "group{}".format(i), "tensors": len(group["params"]),
+             "elements": sum(p.numel() for p in group["params"]), "weight_decay": float(group.get("weight_decay", 0.0))}
+            for i, group in enumerate(optimizer.param_groups)]
 
 
 def load_state(optimizer, state, names, log, theirs=None):
-    """A checkpoint's optimizer ``state`` into ``optimizer`` (built with groups ``names``): its buffers, with the
-    groups' weight decay and momentum kept as built (a note names each that differs). Another split (a
-    --norm-weight-decay given on one side only; ``theirs``: the checkpoint's) is a UsageError."""
+    """A checkpoint's optimizer ``state`` into ``optimizer`` (groups ``names``), weight decay and momentum kept as
+    built (a note names each that differs); another split (``theirs``: its --norm-weight-decay) is a UsageError."""
     saved = state.get("param_groups") or []
     if len(saved) != len(optimizer.param_groups) or \
             [len(g["params"]) for g in saved] != [len(g["params"]) for g in optimizer.param_groups]:

@@ -1,16 +1,9 @@
-"""LARS: layer-wise adaptive rate scaling (You, Gitman and Ginsburg 2017), as MLPerf's ResNet-50 uses it.
-
-Each weight tensor's step is scaled by its trust ratio ``eta * ||w|| / (||g|| + wd * ||w||)`` (1 where
-either norm is zero), with SGD momentum on top, as torch's SGD applies it::
-
-    d   = trust * (g + wd * w)
-    buf = momentum * buf + d            (the first step: buf = d)
-    w   = w - lr * buf
-
-BatchNorm parameters and biases are excluded, as in MLPerf's reference: no trust ratio and no weight decay
-(``d = g``; with ``--norm-weight-decay WD``, ``d = g + WD * w``). Everything stays on the device (no host sync);
-the momentum buffers are created as zeros when the optimizer is built, so a checkpoint always holds them. A step
-that a GradScaler skips for inf/NaN gradients never reaches ``step`` and changes nothing.
+"""LARS: layer-wise adaptive rate scaling (You, Gitman and Ginsburg 2017), as MLPerf's ResNet-50 uses it. Each weight
+tensor's step is scaled by its trust ratio ``eta * ||w|| / (||g|| + wd * ||w||)`` (1 where either norm is zero), with
+SGD momentum as torch's SGD applies it: ``d = trust * (g + wd * w)``, ``buf = momentum * buf + d``, ``w -= lr * buf``.
+BatchNorm parameters and biases are excluded, as in MLPerf's reference: no trust ratio and no weight decay (``d = g``;
+with ``--norm-weight-decay WD``, ``d = g + WD * w``). No host sync; the momentum buffers are zeros from the start, so a
+checkpoint always holds them.
 """
 import torch
 
@@ -20,10 +13,12 @@ from trainer.optim.choice import OptimizerChoice
 
 
 def lars_groups(params_or_model, weight_decay, norm_weight_decay=None):
-    """Parameter groups for LARS (trainer/optim/groups.py): weights, and the excluded BatchNorm (norm-layer)
-    parameters and biases (``lars_exclude``: no trust ratio; weight decay ``norm_weight_decay``, 0 where None)."""
-    norm = norm_weight_decay if norm_weight_decay is not None else 0.0
-    return groups.weight_decay_groups(params_or_model, weight_decay, norm, {"lars_exclude": True})[0]
+    """LARS's groups: weights, and norm parameters and biases (no trust ratio; ``norm_weight_decay``, 0 if None)."""
+    return _groups(params_or_model, weight_decay, norm_weight_decay)[0]
+
+
+def _groups(params_or_model, weight_decay, norm_weight_decay):
+    return groups.weight_decay_groups(params_or_model, weight_decay, norm_weight_decay or 0.0, {"lars_exclude": True})
 
 
 class LARS(torch.optim.Optimizer):
@@ -32,8 +27,7 @@ class LARS(torch.optim.Optimizer):
     def __init__(self, params, lr, momentum=0.9, weight_decay=0.0, eta=0.001):
         if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0:
             raise ValueError("LARS: lr, momentum and weight_decay must be >= 0 and eta > 0")
-        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta,
-                    "lars_exclude": False}
+        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "eta": eta, "lars_exclude": False}
         super(LARS, self).__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -47,20 +41,15 @@ class LARS(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             lr, momentum, wd, eta = group["lr"], group["momentum"], group["weight_decay"], group["eta"]
-            exclude = group["lars_exclude"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 g = p.grad
-                if exclude:
-                    d = g.clone() if wd == 0 else g.add(p, alpha=wd)
-                else:
-                    w_norm = torch.norm(p)
-                    g_norm = torch.norm(g)
-                    trust = torch.where((w_norm > 0) & (g_norm > 0), eta * w_norm / (g_norm + wd * w_norm),
-                                        torch.ones_like(w_norm))
-                    d = g.add(p, alpha=wd) if wd != 0 else g.clone()
-                    d.mul_(trust)
+                d = g.clone() if wd == 0 else g.add(p, alpha=wd)
+                if not group["lars_exclude"]:
+                    w_norm, g_norm = torch.norm(p), torch.norm(g)
+                    d.mul_(torch.where((w_norm > 0) & (g_norm > 0), eta * w_norm / (g_norm + wd * w_norm),
+                                       torch.ones_like(w_norm)))
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None:
@@ -71,12 +60,9 @@ class LARS(torch.optim.Optimizer):
 
 
 def build_lars(params_or_model, lr, momentum, decay, device, with_scaler=False, apex_amp_in_use=False, fused=None):
-    """``--optimizer lars``: plain torch, the same on every device (``device`` is not consulted). A GradScaler
-    skips its step on inf/NaN gradients like any unfused optimizer's. ``decay``: an optim.WeightDecay (the norm
-    parameters' and biases': 0 where not given, MLPerf's)."""
+    """``--optimizer lars``: plain torch, the same on every device; a GradScaler skips its overflow steps."""
     if fused:
         raise UsageError("--optimizer lars has no fused kernel: torch's fused SGD applies to --optimizer sgd only")
-    norm = decay.norm_and_bias if decay.norm_and_bias is not None else 0.0
-    param_groups, names = groups.weight_decay_groups(params_or_model, decay.weights, norm, {"lars_exclude": True})
+    param_groups, names = _groups(params_or_model, decay.weights, decay.norm_and_bias)
     return OptimizerChoice(LARS(param_groups, lr=lr, momentum=momentum, weight_decay=decay.weights),
                            "trainer.optim.LARS", grads_to_none=True, groups=names)

@@ -1,9 +1,6 @@
-"""SGD with momentum: the device's fastest implementation that is safe with a loss scaler.
-
-The device says what it has (``Device.native_fused_sgd``: a vendor's fused SGD such as torch_npu's
-NpuFusedSGD; ``Device.prefers_torch_fused_sgd``: whether torch's fused kernel is the default there); this
-module picks among them and proves at start-up, on the device, that torch's fused SGD skips an overflow step.
-"""
+"""SGD with momentum: the device's fastest implementation that is safe with a loss scaler. The device says what it
+has (``Device.native_fused_sgd``, e.g. torch_npu's NpuFusedSGD; ``Device.prefers_torch_fused_sgd``); this module
+picks, and proves at start-up on the device that torch's fused SGD skips an overflow step."""
 import inspect
 
 import torch
@@ -12,15 +9,10 @@ from trainer.optim import groups
 from trainer.optim.choice import OptimizerChoice
 
 
-SGDChoice = OptimizerChoice  # the name it had when SGD was the only optimizer
-
-
 def zero_momentum_buffers(optimizer):
     """Create every SGD momentum buffer as zeros now (first step then equals torch's: buf = grad)."""
     for group in optimizer.param_groups:
-        if group.get("momentum", 0) == 0:
-            continue
-        for p in group["params"]:
+        for p in group["params"] if group.get("momentum", 0) else ():
             state = optimizer.state[p]
             if state.get("momentum_buffer") is None:
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -30,18 +22,13 @@ _fused_sgd_verdict = {}
 
 
 def fused_sgd_skips_overflow(device):
-    """Prove on ``device`` that torch's fused SGD + GradScaler skips an overflow step entirely.
-
-    Runs one tiny step with an inf gradient, then one finite step, and compares parameters and momentum
-    bitwise with the expected values. Cached per device; False when anything in it fails.
-    """
-    key = device.name
-    if key not in _fused_sgd_verdict:
+    """Whether torch's fused SGD + GradScaler skips an overflow step entirely, proven bitwise on ``device`` (cached)."""
+    if device.name not in _fused_sgd_verdict:
         try:
-            _fused_sgd_verdict[key] = _probe_fused_sgd(device)
+            _fused_sgd_verdict[device.name] = _probe_fused_sgd(device)
         except Exception:
-            _fused_sgd_verdict[key] = False
-    return _fused_sgd_verdict[key]
+            _fused_sgd_verdict[device.name] = False
+    return _fused_sgd_verdict[device.name]
 
 
 def _probe_fused_sgd(device):
@@ -50,8 +37,7 @@ def _probe_fused_sgd(device):
     opt = torch.optim.SGD([w], lr=0.5, momentum=0.9, weight_decay=0.01, fused=True)
     zero_momentum_buffers(opt)
     scaler = device.grad_scaler(None)
-    before = w.detach().clone()
-    buf_before = opt.state[w]["momentum_buffer"].clone()
+    before, buf_before = w.detach().clone(), opt.state[w]["momentum_buffer"].clone()
     scaler.scale((w * torch.tensor([1.0, float("inf"), 1.0, 1.0], device=dev)).sum()).backward()
     scaler.step(opt)
     scaler.update()
@@ -66,37 +52,21 @@ def _probe_fused_sgd(device):
     return bool(torch.allclose(w.detach(), before - 0.5 * d, rtol=1e-6, atol=1e-7))
 
 
-def torch_has_fused_sgd():
-    return "fused" in inspect.signature(torch.optim.SGD).parameters
-
-
 def build_sgd(params, lr, momentum, decay, device, with_scaler=False, apex_amp_in_use=False, fused=None):
-    """An ``OptimizerChoice``: SGD with momentum for ``device``, safe with a GradScaler (``params``: parameters,
-    or a model; ``decay``: an optim.WeightDecay, the norm parameters' and biases' in a group of their own where
-    given: trainer/optim/groups.py).
-
-    ``fused`` None: the device's fastest SGD (its vendor's fused SGD where it has one, torch's fused SGD where
-    the device prefers it, torch's default elsewhere); True/False forces torch's fused kernel on or off (tests
-    exercise the accelerator pairing on the CPU this way). torch's fused SGD is used with a GradScaler only
-    when ``fused_sgd_skips_overflow`` proves, on this device, that an overflow step leaves parameters and
-    momentum untouched; its momentum buffers are created as zeros up front, because torch creates them with
-    ``empty_like`` on the first step and an overflow there leaves them garbage.
-    """
-    if not isinstance(params, torch.nn.Module):
-        params = list(params)
+    """SGD with momentum for ``device``, safe with a GradScaler; ``fused``: torch's fused kernel (None: the device's
+    choice), its momentum buffers zeros up front (torch's ``empty_like`` ones are garbage after an overflow)."""
     weight_decay = decay.weights
-    param_groups, names = groups.weight_decay_groups(params, weight_decay, decay.norm_and_bias)
-    if fused is None:
-        native = device.native_fused_sgd(apex_amp_in_use)
-        if native is not None:
-            opt_cls, name = native
-            # vendor fused optimizers keep gradients in one flat buffer: zero_grad(set_to_none=True) raises
-            return OptimizerChoice(opt_cls(param_groups, lr=lr, momentum=momentum, weight_decay=weight_decay), name,
-                                   grads_to_none=False, groups=names)
+    param_groups, names = groups.weight_decay_groups(params if isinstance(params, torch.nn.Module) else list(params),
+                                                     weight_decay, decay.norm_and_bias)
+    native = device.native_fused_sgd(apex_amp_in_use) if fused is None else None
+    if native is not None:
+        opt_cls, name = native
+        # vendor fused optimizers keep gradients in one flat buffer: zero_grad(set_to_none=True) raises
+        return OptimizerChoice(opt_cls(param_groups, lr=lr, momentum=momentum, weight_decay=weight_decay), name,
+                               grads_to_none=False, groups=names)
     want = device.prefers_torch_fused_sgd if fused is None else bool(fused)
+    want = want and "fused" in inspect.signature(torch.optim.SGD).parameters  # where this torch has it
     note = None
-    if want and not torch_has_fused_sgd():
-        want = False
     if want and with_scaler and not fused_sgd_skips_overflow(device):
         want = False
         note = ("torch {}'s fused SGD does not skip overflow steps cleanly on {}: using the unfused SGD "
@@ -107,10 +77,3 @@ def build_sgd(params, lr, momentum, decay, device, with_scaler=False, apex_amp_i
         return OptimizerChoice(opt, "torch.optim.SGD(fused)", grads_to_none=True, note=note, groups=names)
     return OptimizerChoice(torch.optim.SGD(param_groups, lr=lr, momentum=momentum, weight_decay=weight_decay),
                            "torch.optim.SGD", grads_to_none=True, note=note, groups=names)
-
-
-def after_load(optimizer):
-    """Called after ``load_state_dict`` from a checkpoint: fused SGD's momentum buffers exist from the start
-    (a checkpoint saved before any step has none)."""
-    if optimizer.defaults.get("fused"):
-        zero_momentum_buffers(optimizer)

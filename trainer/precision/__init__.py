@@ -1,10 +1,7 @@
-"""Precision: what --amp means on the device and the optimizer step that goes with it.
-
-amp        Precision (native autocast + GradScaler, or apex), settle() for the plan, OptimizerStep
-amp_probe  --amp-dtype auto on a CPU: float32 against bfloat16 measured on the run's model
+"""Precision: what --amp means on the device (native autocast + GradScaler, or apex) and the optimizer step that goes
+with it; amp_probe: --amp-dtype auto on a CPU, measured on the run's model.
 
 May import: trainer.device, trainer.optim, trainer.record.checkpoint, and the spine's leaves (trainer.cli,
-trainer.errors, trainer.options). Imported by the spine.
-"""
+trainer.errors, trainer.options). Imported by the spine."""
 
 APEX_OPT_LEVEL = "O2"  # apex's opt level where --opt-level is not given (the Ascend guide's)

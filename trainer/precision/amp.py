@@ -1,11 +1,6 @@
-"""Mixed precision and the optimizer step, as one object.
-
-``settle`` decides what the flags leave open for the device kind (trainer/plan.py calls it), ``resolve`` the
-precision of a run (dtype, loss scaling) on the device; ``wrap`` steps the optimizer (built by trainer/optim) under
-it: an ``OptimizerStep`` whose ``step(loss)`` skips an update entirely when the gradients hold inf/NaN.
-Reasons and details: docs/PRECISION.md.
-"""
-import contextlib
+"""Mixed precision and the optimizer step, as one object: ``settle`` decides what the flags leave open for the device
+kind (the plan's), ``resolve`` a run's precision on the device, ``wrap`` steps the optimizer under it (an
+``OptimizerStep``: an update with inf/NaN gradients is skipped entirely). Reasons and details: docs/PRECISION.md."""
 import dataclasses
 import inspect
 
@@ -13,22 +8,18 @@ import torch
 
 from trainer import device as devmod
 from trainer import optim
+from trainer.optim import groups, sgd
 from trainer.errors import UsageError
 from trainer.options import DYNAMIC
 from trainer.precision import APEX_OPT_LEVEL
 
-AMP_DTYPES = ("auto", "float16", "bfloat16")
-
 
 class Precision:
-    """The resolved precision of a run: ``impl`` none | native | apex, the autocast dtype (None: float32),
-    the loss scale (None: dynamic), and a note for the log (or None)."""
+    """A run's precision: ``impl`` none | native | apex, dtype (None: float32), loss scale (None: dynamic), note."""
 
-    def __init__(self, requested, impl, dtype, loss_scale, opt_level=None, note=None, combine_ddp=False,
-                 probe=None):
-        self.requested, self.impl, self.dtype = requested, impl, dtype
+    def __init__(self, requested, impl, dtype, loss_scale, opt_level=None, note=None, combine_ddp=False, probe=None):
+        self.requested, self.impl, self.dtype, self.combine_ddp = requested, impl, dtype, combine_ddp
         self.loss_scale, self.opt_level, self.note = loss_scale, opt_level, note
-        self.combine_ddp = combine_ddp
         self.probe = probe  # what timing the model found where auto is measured (amp_probe.py), or None
 
     @property
@@ -41,6 +32,11 @@ class Precision:
         return self.impl == "apex" or self.dtype == torch.float16
 
     @property
+    def autocast_dtype(self):
+        """The dtype native autocast runs at, None where it does not run (float32, apex)."""
+        return self.dtype if self.impl == "native" else None
+
+    @property
     def dtype_name(self):
         return "float32" if self.dtype is None else str(self.dtype).replace("torch.", "")
 
@@ -51,18 +47,14 @@ class Precision:
 
 
 def settle(cfg, kind):
-    """(the precision section with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``,
-    notes): a note for every precision flag that has no effect in the chosen mode. A loss scale the command
-    line gave is kept: the precision section's None is a flag not given (``preset``: a value a recipe or
-    ModelZoo entry gave). Checks before any process starts (trainer/plan.py)."""
-    notes = []
-    p = cfg.precision
+    """(the precision section with ``--amp-impl auto`` and apex's default loss scale decided for ``kind``, notes on
+    flags without effect), before any process starts; ``preset``: values a recipe or ModelZoo entry gave."""
+    p, notes = cfg.precision, []
     typed = [d for d in ("opt_level", "loss_scale") if getattr(p, d) is not None and d not in p.preset]
     if not p.amp:
         unused = [f for f, d in (("--opt-level", "opt_level"), ("--loss-scale", "loss_scale")) if d in typed]
         if unused:
-            notes.append("{} {} no effect without --amp".format(" and ".join(unused),
-                                                               "have" if len(unused) > 1 else "has"))
+            notes.append(" and ".join(unused) + (" has" if len(unused) == 1 else " have") + " no effect without --amp")
         if cfg.launch.world_size == 1 and devmod.Device.of(kind).guides_train_with_amp and not cfg.run.evaluate:
             notes.append("no --amp: training in float32, as pytorch/examples' flags say; the Ascend guides train on "
                          "{} with --amp (their single-card scripts turn it on by default)".format(kind.upper()))
@@ -71,8 +63,14 @@ def settle(cfg, kind):
     if impl == "auto":
         impl = "native" if p.amp_dtype == "bfloat16" else devmod.Device.of(kind).default_amp_impl()
     loss_scale = p.loss_scale
-    if impl == "apex":
-        _check_apex(p, kind)
+    if impl == "apex":  # fail early on an impossible combination
+        if devmod.apex_amp() is None:
+            raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
+                             "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
+        if not devmod.Device.of(kind).supports_apex:
+            raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
+        if p.amp_dtype == "bfloat16":
+            raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")
         if "loss_scale" not in typed:
             loss_scale = devmod.Device.of(kind).default_apex_loss_scale
         if p.amp_impl == "auto":
@@ -85,39 +83,23 @@ def settle(cfg, kind):
             raise UsageError("--combine-ddp: this apex has no combine_ddp (Ascend apex provides it); drop the flag")
         if p.combine_ddp and cfg.launch.world_size == 1:
             notes.append("--combine-ddp has no effect in a single-process run")
-    else:
-        if p.combine_ddp:
-            raise UsageError("--combine-ddp is an option of Ascend apex.amp, and this run uses native autocast{}; "
-                             "drop the flag".format("" if devmod.apex_amp() is not None
-                                                    else " (apex is not installed)"))
-        if "opt_level" in typed:
-            notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
-                p.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
+    elif p.combine_ddp:
+        raise UsageError("--combine-ddp is an option of Ascend apex.amp, and this run uses native autocast{}; "
+                         "drop the flag".format("" if devmod.apex_amp() is not None else " (apex is not installed)"))
+    elif "opt_level" in typed:
+        notes.append("--opt-level {} applies to apex only: this run uses native autocast{}".format(
+            p.opt_level, " (apex is not installed)" if devmod.apex_amp() is None else ""))
     return dataclasses.replace(p, amp_impl=impl, loss_scale=loss_scale), tuple(notes)
 
 
 def _held(loss_scale):
-    """The precision section's ``loss_scale`` as ``Precision`` holds it: a number held fixed, or None (dynamic:
-    asked for, or no scale given)."""
+    """The section's ``loss_scale`` as ``Precision`` holds it: a number held fixed, or None (dynamic)."""
     return None if loss_scale is None or loss_scale == DYNAMIC else float(loss_scale)
 
 
-def _check_apex(section, kind):
-    """Fail early (before any process starts) on an impossible apex combination."""
-    if devmod.apex_amp() is None:
-        raise UsageError("--amp-impl apex: apex with amp is not installed (NVIDIA apex, or Ascend apex "
-                         "for NPU; the PyPI package named 'apex' is unrelated); use --amp-impl native")
-    if not devmod.Device.of(kind).supports_apex:
-        raise UsageError("--amp-impl apex runs on NPU or CUDA only; use --amp-impl native on CPU")
-    if section.amp_dtype == "bfloat16":
-        raise UsageError("--amp-impl apex runs float16 only; use --amp-impl native for --amp-dtype bfloat16")
-
-
 def resolve(section, device, world_size=1, decide=None):
-    """The run's ``Precision`` on ``device`` from the config's precision section (a config.PrecisionConfig, settled
-    by ``settle``) in a job of ``world_size`` processes. ``decide(dtype, note)`` -> (dtype, note, record): where
-    the device measures its ``auto`` dtype (``Device.measures_amp_dtype``), the measurement of the run's model
-    (trainer/precision/amp_probe.py ``for_run``; called on every rank); without it the device's rule stands."""
+    """The run's ``Precision`` on ``device`` from the settled precision section. ``decide(dtype, note)`` -> (dtype,
+    note, record): amp_probe's ``for_run`` where the device measures ``auto``; without it the device's rule."""
     p = section
     if not p.amp:
         return Precision(p.amp_dtype, "none", None, None)
@@ -133,61 +115,42 @@ def resolve(section, device, world_size=1, decide=None):
         extra = "{} needs no loss scaling: --loss-scale {:g} is not used".format(
             "float32" if dtype is None else str(dtype).replace("torch.", "") + " autocast", scale)
         note = extra if note is None else note + "; " + extra
-    if dtype is None:
-        return Precision(p.amp_dtype, "none", None, None, note=note, probe=probe)
-    return Precision(p.amp_dtype, "native", dtype, scale if dtype == torch.float16 else None, note=note,
-                     probe=probe)
+    return Precision(p.amp_dtype, "none" if dtype is None else "native", dtype,
+                     scale if dtype == torch.float16 else None, note=note, probe=probe)
 
 
 def inspection_dtype(device, requested="auto"):
-    """(dtype, note) for tools that inspect low-precision numerics (compare_precision, op_report):
-    the trainer's choice on ``device``, or bfloat16 where the trainer would train in float32."""
+    """(dtype, note) for the tools inspecting low precision: the trainer's choice, or bfloat16 instead of float32."""
     dtype, note = device.resolve_amp_dtype(requested)
-    if dtype is None:
-        return torch.bfloat16, "the trainer's --amp would train in float32 on this CPU; inspecting bfloat16"
-    return dtype, note
+    return (dtype, note) if dtype is not None else (
+        torch.bfloat16, "the trainer's --amp would train in float32 on this CPU; inspecting bfloat16")
 
 
 def wrap(choice, precision, device, model):
-    """(model, OptimizerStep): the optimizer ``choice`` (built by trainer/optim for ``model``) stepped under
-    ``precision`` on ``device``. apex initialises the model and optimizer together, so the model it returns
-    replaces the one given."""
+    """(model, OptimizerStep) for ``choice`` under ``precision`` (apex's initialised model replaces the one given)."""
     if precision.impl == "apex":
         step = ApexStep(choice, precision, device)
         return step.initialize(model), step
-    if precision.scaled:
-        return model, ScaledStep(choice, precision, device)
-    return model, PlainStep(choice, precision, device)
+    return model, (ScaledStep if precision.scaled else PlainStep)(choice, precision, device)
 
 
 class OptimizerStep:
-    """An optimizer and its loss scaling: ``zero_grad()``, ``autocast()``, ``step(loss)``.
-
-    ``step(loss)`` returns a device tensor that is 1 when the update was skipped for inf/NaN gradients
-    (None where the precision has no such check). Overflow counts stay on the device until read.
-    """
+    """An optimizer and its loss scaling; ``step(loss)`` returns a device tensor, 1 where the update was skipped for
+    inf/NaN gradients (None: no such check). Overflow counts stay on the device until read."""
 
     def __init__(self, choice, precision, device):
-        self.optimizer = choice.optimizer
-        self.name = choice.name
+        self.optimizer, self.name, self.groups = choice.optimizer, choice.name, choice.groups  # groups: their names
         self.optimizer_kind = choice.kind  # the --optimizer name
-        self.groups = choice.groups  # the names of its parameter groups (trainer/optim/groups.py)
-        self.device = device
+        self.device, self.precision = device, precision
         self.notes = [n for n in (precision.note, choice.note) if n]
-        self.precision = precision
         self._grads_to_none = choice.grads_to_none
-        self._overflows = None
-        self._host_overflows = 0
+        self._overflows, self._host_overflows = None, 0
 
     def zero_grad(self):
         self.optimizer.zero_grad(set_to_none=self._grads_to_none)
 
     def autocast(self):
-        return self.device.autocast(self.precision.dtype) if self.precision.impl == "native" \
-            else contextlib.nullcontext()
-
-    def __call__(self, loss):
-        raise NotImplementedError
+        return self.device.autocast(self.precision.autocast_dtype)
 
     def _count(self, found):
         if found is not None:
@@ -196,33 +159,26 @@ class OptimizerStep:
 
     def overflow_steps(self):
         """Steps skipped for inf/nan gradients so far (a host sync: call at print steps or epoch end)."""
-        n = self._host_overflows
-        if self._overflows is not None:
-            n += int(self._overflows.item())
-        return n
+        return self._host_overflows + (0 if self._overflows is None else int(self._overflows.item()))
 
     def loss_scale(self):
         return None
 
     def live_scalars(self):
-        """{"loss_scale", "overflow_steps"} as device scalars or numbers, for the engine to read together with
-        its meters at a print step (reading them alone would sync the device); {} without loss scaling."""
+        """{"loss_scale", "overflow_steps"} (device scalars or numbers) for the engine to read with its meters."""
         return {}
 
-    # -- checkpoint entries. The Ascend guide's main.py saves "optimizer" and, for apex runs, "amp" as
-    # amp.state_dict() (and resumes with amp.load_state_dict(checkpoint['amp'])): the same keys here, so
-    # either side reads the other's files. This project adds "precision" (how the run computed) and, for
-    # torch's GradScaler, "scaler".
+    # -- checkpoint entries. The Ascend guide's main.py saves "optimizer" and, for apex runs, "amp" (amp.state_dict(),
+    # resumed with amp.load_state_dict(checkpoint['amp'])): the same keys here, so either side reads the other's
+    # files. This project adds "precision" (how the run computed) and, for torch's GradScaler, "scaler".
     def checkpoint_entries(self):
         return {"optimizer": self.optimizer.state_dict(),
                 "precision": {"impl": self.precision.impl, "dtype": self.precision.dtype_name,
                               "overflow_steps": self.overflow_steps()}}
 
     def restore(self, ckpt, log):
-        """Optimizer and loss-scaler state from a checkpoint dict (this project's, an older one of ours
-        whose "amp" entry held everything, or the Ascend guide's / pytorch/examples'). A checkpoint of another
-        --optimizer, or of other parameter groups (--norm-weight-decay), is a UsageError: its state does not fit
-        (files without the entry are SGD's); the groups' weight decay and momentum are the command line's."""
+        """Optimizer and loss-scaler state from a checkpoint (ours, an older one whose "amp" held all, the Ascend
+        guide's, pytorch/examples'); another --optimizer (none saved: SGD) or parameter split is a UsageError."""
         config = ckpt.get("config") if isinstance(ckpt.get("config"), dict) else {}
         theirs = config.get("optimizer") or optim.DEFAULT_OPTIMIZER
         if ckpt.get("optimizer") and theirs != self.optimizer_kind:
@@ -230,12 +186,14 @@ class OptimizerStep:
                              "resume with --optimizer {0}, or start a new run in another --output-dir".format(
                                  theirs, self.optimizer_kind))
         if ckpt.get("optimizer"):
-            from trainer.optim.groups import load_state
-            load_state(self.optimizer, ckpt["optimizer"], self.groups, log, config.get("norm_weight_decay"))
-            if self.optimizer.defaults.get("fused"):
-                from trainer.optim.sgd import zero_momentum_buffers
-                zero_momentum_buffers(self.optimizer)  # a checkpoint saved before any step
-        meta, scaler, apex_state = _scaler_entries(ckpt)
+            groups.load_state(self.optimizer, ckpt["optimizer"], self.groups, log, config.get("norm_weight_decay"))
+            if self.optimizer.defaults.get("fused"):  # its momentum buffers exist from the start
+                sgd.zero_momentum_buffers(self.optimizer)  # a checkpoint saved before any step has none
+        amp_entry = ckpt.get("amp")
+        if isinstance(amp_entry, dict) and "impl" in amp_entry:  # this project's format 1: all in "amp"
+            meta, scaler, apex_state = amp_entry, amp_entry.get("scaler"), amp_entry.get("amp")
+        else:
+            meta, scaler, apex_state = ckpt.get("precision"), ckpt.get("scaler"), (amp_entry or None)
         if meta is None and scaler is None and apex_state is None:
             return
         mine = (self.precision.impl, self.precision.dtype_name)
@@ -248,8 +206,7 @@ class OptimizerStep:
                 "is not restored".format(theirs[0], theirs[1], mine[0], mine[1]))
             return
         self._load_scaler(scaler, apex_state)
-        self._host_overflows = int((meta or {}).get("overflow_steps", 0))
-        self._overflows = None
+        self._host_overflows, self._overflows = int((meta or {}).get("overflow_steps", 0)), None
 
     def _load_scaler(self, scaler, apex_state):
         pass
@@ -267,30 +224,21 @@ class PlainStep(OptimizerStep):
 
     def __call__(self, loss):
         loss.backward()
-        self.optimizer.step()
-        return None
+        self.optimizer.step()  # returns None: no overflow check
 
 
 class ScaledStep(OptimizerStep):
-    """float16 with a GradScaler (torch's, or torch_npu's on NPU).
-
-    A static ``--loss-scale N`` is a dynamic scaler set back to N after every step: only the dynamic
-    mode checks gradients for inf/NaN and skips the update.
-    """
+    """float16 with a GradScaler; a static ``--loss-scale N``: a dynamic one set back to N (only it skips overflows)."""
 
     def __init__(self, choice, precision, device):
         super().__init__(choice, precision, device)
-        self.scaler = device.grad_scaler(precision.loss_scale)
-        self.static = precision.loss_scale
+        self.scaler, self.static = device.grad_scaler(precision.loss_scale), precision.loss_scale
 
     def __call__(self, loss):
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         found = _found_inf(self.scaler, self.optimizer)
-        if self.static is not None:
-            self.scaler.update(self.static)
-        else:
-            self.scaler.update()
+        self.scaler.update(self.static)  # None: the dynamic scale moves
         return self._count(found)
 
     def loss_scale(self):
@@ -299,14 +247,11 @@ class ScaledStep(OptimizerStep):
     def live_scalars(self):
         scale = getattr(self.scaler, "_scale", None)  # the scaler's device tensor (torch and torch_npu)
         out = {"loss_scale": scale} if torch.is_tensor(scale) else {}
-        out["overflow_steps"] = self._host_overflows if self._overflows is None else \
-            self._overflows + self._host_overflows
+        out["overflow_steps"] = self._host_overflows + (0 if self._overflows is None else self._overflows)
         return out
 
     def checkpoint_entries(self):
-        entries = super().checkpoint_entries()
-        entries["scaler"] = self.scaler.state_dict()
-        return entries
+        return dict(super().checkpoint_entries(), scaler=self.scaler.state_dict())
 
     def _load_scaler(self, scaler, apex_state):
         if scaler:
@@ -319,11 +264,8 @@ class ScaledStep(OptimizerStep):
 
 
 class ApexStep(OptimizerStep):
-    """apex.amp (NVIDIA's or Ascend's): ``amp.initialize`` then backward through ``amp.scale_loss``.
-
-    A static ``--loss-scale N`` is apex's dynamic scaler held at N (``min_loss_scale = max_loss_scale =
-    N``): apex's static mode never skips an overflow step, its dynamic mode does.
-    """
+    """apex.amp (NVIDIA's or Ascend's). A static ``--loss-scale N`` is apex's dynamic scaler held at N (min = max
+    loss scale = N): apex's static mode never skips an overflow step, its dynamic mode does."""
 
     def __init__(self, choice, precision, device):
         super().__init__(choice, precision, device)
@@ -353,10 +295,9 @@ class ApexStep(OptimizerStep):
             scaled.backward()
         self.optimizer.step()
         scalers = getattr(getattr(self.amp, "_amp_state", None), "loss_scalers", None)
-        if scalers and getattr(scalers[0], "_has_overflow", False):
-            self._host_overflows += 1
-            return 1
-        return 0
+        overflow = 1 if scalers and getattr(scalers[0], "_has_overflow", False) else 0
+        self._host_overflows += overflow
+        return overflow
 
     def loss_scale(self):
         scalers = getattr(getattr(self.amp, "_amp_state", None), "loss_scalers", None)
@@ -366,33 +307,18 @@ class ApexStep(OptimizerStep):
         return {"loss_scale": self.loss_scale(), "overflow_steps": self._host_overflows}  # apex keeps them on the host
 
     def checkpoint_entries(self):
-        entries = super().checkpoint_entries()
-        entries["amp"] = self.amp.state_dict()
-        return entries
+        return dict(super().checkpoint_entries(), amp=self.amp.state_dict())
 
     def _load_scaler(self, scaler, apex_state):
         if apex_state:
             self.amp.load_state_dict(apex_state)
 
 
-def _scaler_entries(ckpt):
-    """(precision metadata, GradScaler state, apex amp state) of a checkpoint, each or None."""
-    amp_entry = ckpt.get("amp")
-    if isinstance(amp_entry, dict) and "impl" in amp_entry:  # this project's format 1: all in "amp"
-        return amp_entry, amp_entry.get("scaler"), amp_entry.get("amp")
-    return ckpt.get("precision"), ckpt.get("scaler"), (amp_entry or None)
-
-
 def _found_inf(scaler, optimizer):
-    """Device tensor: 1 if this step found inf/nan (and was skipped), else 0; None if unknown.
-
-    torch's scaler holds 0 or 1 per device; torch_npu's adds 1 to its kernel's 1 on an overflow, so it
-    holds 2 there (torch_npu/npu/amp/grad_scaler.py ``_unscale_grads_``: 2.1.0.post17 :267-271, 2.14.0
-    :266-270): the sum is clamped to 1, one skipped step."""
+    """Device tensor: 1 if this step found inf/nan (skipped), else 0; None if unknown. torch_npu's scaler holds 2 on an
+    overflow (npu/amp/grad_scaler.py ``_unscale_grads_``: 2.1.0.post17 :267-271, 2.14.0 :266-270): clamped to 1."""
     try:
         per_device = scaler._found_inf_per_device(optimizer)
     except Exception:
         return None
-    if not per_device:
-        return None
-    return sum(v.float() for v in per_device.values()).clamp(max=1.0)
+    return sum(v.float() for v in per_device.values()).clamp(max=1.0) if per_device else None

@@ -1,16 +1,11 @@
 """``--amp-dtype auto`` where the device's rule is a measurement (``Device.measures_amp_dtype``: a CPU).
 
-A CPU's flags do not say whether bfloat16 autocast is faster than float32 there: on one 2-core CPU with
-AVX-512 BF16 it trained resnet18 at 1.87x float32's images/s, on another (also AVX-512 BF16) at 0.64x. So,
-before training, the run's own model (a copy: the run's weights, RNG and buffers stay as they were) is timed
-forward + backward (forward only for --evaluate) on a small batch at the run's crop size and memory format, in
-float32 and in bfloat16 autocast, interleaved; the faster is trained in (bfloat16 needs ``MARGIN`` over float32:
-a near-tie trains in float32). Rank 0 measures and broadcasts the choice: every rank trains in the same dtype.
-
-A verdict that cost ``CACHE_AFTER_S`` or more is kept in ``cache_dir()`` (one JSON file per machine, torch,
-threads, model and shape; written by rank 0 only, atomically), and read there by later runs; delete the file to
-measure again. Reasons and figures: docs/PRECISION.md.
-"""
+A CPU's flags do not say whether bfloat16 autocast is faster than float32: on one 2-core CPU with AVX-512 BF16 resnet18
+trained at 1.87x float32's images/s, on another at 0.64x. So before training a copy of the run's model (its weights, RNG
+and buffers untouched) is timed forward + backward (forward only for --evaluate) on a small batch at the run's crop size
+and memory format, float32 and bfloat16 autocast interleaved; bfloat16 must beat float32 by ``MARGIN``. Rank 0 measures
+and broadcasts. A verdict that cost ``CACHE_AFTER_S`` is kept in ``cache_dir()`` (per machine, torch, threads, model and
+shape) for later runs; delete it to measure again. Reasons and figures: docs/PRECISION.md."""
 import copy
 import datetime
 import hashlib
@@ -37,18 +32,15 @@ def dtype_name(dtype):
 
 
 def cache_dir(environ=None):
-    """Where costly verdicts are kept: ``$XDG_CACHE_HOME/imagenet-npu-trainer/amp_dtype`` (``~/.cache`` when
-    XDG_CACHE_HOME is unset)."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    """Where costly verdicts are kept: ``$XDG_CACHE_HOME`` (or ``~/.cache``) ``/imagenet-npu-trainer/amp_dtype``."""
+    base = (os.environ if environ is None else environ).get("XDG_CACHE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache")
     return os.path.join(base, "imagenet-npu-trainer", "amp_dtype")
 
 
 def time_steps(step, dtypes, clock=time.perf_counter):
-    """{dtype name: seconds of its fastest step}: ``step(dtype)`` once each to warm up (oneDNN builds its
-    kernels on a first call), then rounds of one step per dtype, the order reversed every round, at least
-    ``MIN_ROUNDS`` and while under ``BUDGET_S`` (at most ``MAX_ROUNDS``). The fastest step is the one least
-    disturbed by whatever else the machine runs."""
+    """{dtype name: seconds of its fastest (least disturbed) step}: a warm-up step each (oneDNN builds its kernels on
+    a first call), then rounds of a step per dtype, order reversed every round, within the rounds and budget."""
     for _, dtype in dtypes:
         step(dtype)
     best = {name: float("inf") for name, _ in dtypes}
@@ -62,17 +54,16 @@ def time_steps(step, dtypes, clock=time.perf_counter):
     return best
 
 
-def probe_step(model, device, batch, size, channels_last, num_classes, backward=True):
-    """``step(dtype)``: one forward (+ backward) of a copy of ``model`` on a fixed random batch of ``batch``
-    images of ``size`` px, in ``dtype`` autocast (None: float32)."""
+def probe_step(model, device, batch, size, channels_last, backward=True):
+    """``step(dtype)``: one forward (+ backward) of a copy of ``model`` on a fixed batch, in ``dtype`` autocast."""
     probe = copy.deepcopy(model)
     probe.train(backward)
     gen = torch.Generator().manual_seed(0)
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     x = torch.randn(batch, 3, size, size, generator=gen)
-    y = torch.randint(0, max(1, num_classes), (batch,), generator=gen)
+    y = torch.randint(0, max(1, last[-1].out_features if last else 1000), (batch,), generator=gen)
     x = device.move(x.contiguous(memory_format=torch.channels_last) if channels_last else x)
     y = device.move(y).to(device.target_dtype)
-    criterion = torch.nn.CrossEntropyLoss()
 
     def step(dtype):
         if not backward:
@@ -80,7 +71,7 @@ def probe_step(model, device, batch, size, channels_last, num_classes, backward=
                 probe(x)
         else:
             with device.autocast(dtype):
-                loss = criterion(probe(x), y)
+                loss = torch.nn.functional.cross_entropy(probe(x), y)
             loss.backward()
             probe.zero_grad(set_to_none=True)
         device.synchronize()
@@ -88,8 +79,7 @@ def probe_step(model, device, batch, size, channels_last, num_classes, backward=
 
 
 class Verdict:
-    """What the probe found: ``dtype`` (None: float32), images/s per dtype name, its cost in seconds, the shape
-    measured, and where it was cached or read from."""
+    """What the probe found: ``dtype`` (None: float32), images/s per dtype name, cost, shape, cache file."""
 
     def __init__(self, dtype, rates, seconds, shape, measured_at, cache_file=None, cached=False, busy=None):
         self.dtype, self.rates, self.seconds, self.shape = dtype, dict(rates), seconds, dict(shape)
@@ -128,22 +118,6 @@ class Verdict:
                        ": training in float32 (--amp-dtype bfloat16 forces bfloat16)")
 
 
-def _key(shape, candidate):
-    return {"version": CACHE_VERSION, "machine": devmod.cpu_identity(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__.split("+")[0], "candidate": dtype_name(candidate), **shape}
-
-
-def _read_cache(path, key):
-    try:
-        with open(path) as f:
-            entry = json.load(f)
-        if entry.get("key") != key:
-            return None
-        return entry
-    except (OSError, ValueError, AttributeError):
-        return None  # absent or unreadable: measure again
-
-
 def load_average():
     """The 1-minute load average, or None where the OS does not tell it."""
     try:
@@ -154,27 +128,28 @@ def load_average():
 
 def measure(model, device, shape, candidate=torch.bfloat16, timer=None, cache=None, cache_after_s=CACHE_AFTER_S,
             load=load_average):
-    """The ``Verdict`` for ``model`` on ``device`` at ``shape`` ({"arch", "size", "batch", "channels_last",
-    "backward"}): float32 against ``candidate`` autocast. ``timer(step, dtypes)``: ``time_steps``'s contract
-    (the seam tests force a verdict through). ``cache``: the folder of kept verdicts (default ``cache_dir()``;
-    False: none). A verdict measured while ``load()`` (the load average) exceeded the usable cores is not kept:
-    other processes then decide the step times more than the dtypes do."""
+    """The ``Verdict`` of float32 against ``candidate`` for ``model`` at ``shape``; ``timer``: as ``time_steps``
+    (a test seam); ``cache``: None, ``cache_dir()``; False, none. Not kept while ``load()`` exceeds the cores."""
     shape = {k: shape[k] for k in ("arch", "size", "batch", "channels_last", "backward")}
     folder = cache_dir() if cache is None else cache
-    key = _key(shape, candidate)
+    key = {"version": CACHE_VERSION, "machine": devmod.cpu_identity(), "threads": torch.get_num_threads(),
+           "torch": torch.__version__.split("+")[0], "candidate": dtype_name(candidate), **shape}
     path = None
     if folder:
         digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = os.path.join(folder, "{}-{}.json".format(shape["arch"], digest))
-        entry = _read_cache(path, key)
-        if entry is not None:
+        try:
+            with open(path) as f:
+                entry = json.load(f)
+        except (OSError, ValueError):
+            entry = None  # absent or unreadable: measure again
+        if isinstance(entry, dict) and entry.get("key") == key:
             dtype = candidate if entry["choice"] != "float32" else None
             return Verdict(dtype, entry["rates"], entry["seconds"], shape, entry["measured_at"], path, cached=True)
     names = (("float32", None), ("bfloat16", candidate))
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=[]):  # dropout in the probe must not move the run's RNG
-        step = probe_step(model, device, shape["batch"], shape["size"], shape["channels_last"],
-                          _num_classes(model), shape["backward"])
+        step = probe_step(model, device, shape["batch"], shape["size"], shape["channels_last"], shape["backward"])
         seconds = (timer or time_steps)(step, names)
         del step
     cost = time.perf_counter() - t0
@@ -195,22 +170,14 @@ def measure(model, device, shape, candidate=torch.bfloat16, timer=None, cache=No
     return Verdict(dtype, rates, cost, shape, when, kept, busy=busy)
 
 
-def _num_classes(model):
-    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return last[-1].out_features if last else 1000
-
-
 def for_run(plan, model, device, dist, batch_per_rank, timer=None, cache=None):
-    """``decide(dtype, note)`` for ``amp.resolve``: where ``device`` measures its ``auto`` dtype, rank 0 measures
-    ``model`` (when the device's rule offers bfloat16 at all) and every rank takes its choice; returns (dtype,
-    note, probe record or None). Every rank calls it (one broadcast)."""
+    """``decide(dtype, note)`` -> (dtype, note, record) for ``amp.resolve``: rank 0 measures, every rank takes it."""
     def decide(dtype, note):
         record = None
         if dist.is_main and dtype is not None:
-            shape = {"arch": plan.model.arch,
-                     "size": plan.data.val_crop_size if plan.run.evaluate else plan.data.train_crop_size,
-                     "batch": max(1, min(BATCH, batch_per_rank)), "channels_last": bool(plan.model.channels_last),
-                     "backward": not plan.run.evaluate}
+            size = plan.data.val_crop_size if plan.run.evaluate else plan.data.train_crop_size
+            shape = {"arch": plan.model.arch, "size": size, "batch": max(1, min(BATCH, batch_per_rank)),
+                     "channels_last": bool(plan.model.channels_last), "backward": not plan.run.evaluate}
             verdict = measure(model, device, shape, dtype, timer=timer, cache=cache)
             dtype, note, record = verdict.dtype, verdict.note(), verdict.as_dict()
         chosen = _CODES[dist.broadcast_int(_CODES.index(dtype), device)]

@@ -1,17 +1,13 @@
-"""Checkpoints: atomic writes, tolerant loads, resume.
-
-Writes go to a temporary file in the same folder, are flushed and fsync'ed, then renamed
-over the target (and the folder fsync'ed): a crash at any point leaves the previous
-checkpoint intact and loadable, never a truncated one.
-
-Loading accepts a bare state dict or a checkpoint holding ``state_dict``, with or
-without DistributedDataParallel's ``module.`` prefix, onto any device (loaded to the CPU
-first), with ``weights_only=True`` where the installed torch supports it.
-"""
+"""Checkpoints: atomic writes (a temporary file in the same folder, fsync'ed, renamed over the target, the folder
+fsync'ed: a crash leaves the previous checkpoint intact, never a truncated one), tolerant loads (a bare state dict or
+one under ``state_dict``, with or without DDP's ``module.``, to the CPU first, ``weights_only=True`` where the
+installed torch has it), resume."""
+import contextlib
 import dataclasses
 import os
 import pickle
 import random
+import shutil
 import warnings
 import zipfile
 from typing import Optional
@@ -28,21 +24,7 @@ FORMAT_VERSION = 3  # 2: apex's amp.state_dict() under "amp" (the Ascend guide's
 EXAMPLES_STEP = (30, 0.1)  # pytorch/examples' schedule: StepLR(optimizer, step_size=30, gamma=0.1)
 
 
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path, write_fn):
-    """Run ``write_fn(fileobj)`` into a temp file next to ``path``, then rename it over."""
     folder = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(folder, ".{}.tmp-{}".format(os.path.basename(path), os.getpid()))
     try:
@@ -55,7 +37,12 @@ def atomic_write(path, write_fn):
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    _fsync_dir(folder)
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def save(obj, path):
@@ -65,11 +52,7 @@ def save(obj, path):
 def copy(src, dst):
     def write(f):
         with open(src, "rb") as s:
-            while True:
-                chunk = s.read(1 << 22)
-                if not chunk:
-                    break
-                f.write(chunk)
+            shutil.copyfileobj(s, f, 1 << 22)
     atomic_write(dst, write)
 
 
@@ -101,9 +84,8 @@ def read(path, what="checkpoint"):
 
 
 class File:
-    """A file the run reads (--resume, --pretrained): loaded from disk at most once in a process, when first
-    needed, and held until ``release``. A plan carries it from the launching process's checks to the run of the
-    same process; a spawned rank receives it empty (its contents are not pickled) and loads it once itself."""
+    """A file the run reads (--resume, --pretrained): loaded at most once a process, when first needed, held until
+    ``release``; a spawned rank receives it empty (its contents are not pickled) and loads it once itself."""
 
     def __init__(self, path, what="checkpoint"):
         self.path, self.what, self._contents, self._training = path, what, None, None
@@ -123,7 +105,7 @@ class File:
         self._contents = self._training = None
 
     def __getstate__(self):
-        return {"path": self.path, "what": self.what, "_contents": None, "_training": None}
+        return dict(self.__dict__, _contents=None, _training=None)
 
     def __repr__(self):
         return "File({!r})".format(self.path)
@@ -137,8 +119,8 @@ def state_dict_of(obj, path):
 
 
 def ema_state_dict_of(obj, path):
-    """The weights of --model-ema's average a training checkpoint holds (its ``model_ema`` entry, torch's
-    AveragedModel's state dict, without ``module.``); a file without them is a UsageError."""
+    """--model-ema's weights in a training checkpoint (its ``model_ema``: AveragedModel's state dict, without
+    ``module.``); a file without them is a UsageError."""
     ema = obj.get("model_ema") if isinstance(obj, dict) else None
     sd = {k[len("module."):]: v for k, v in ema.items() if k.startswith("module.")} if isinstance(ema, dict) else {}
     if not sd or not all(torch.is_tensor(v) for v in sd.values()):
@@ -154,8 +136,7 @@ def shapes_of(model):
 
 
 def model_shapes(name, num_classes):
-    """{name: shape} of the state dict of model ``name`` with ``num_classes`` classes, built without memory where
-    this torch can (the meta device) to check a file against it before anything is loaded."""
+    """{name: shape} of model ``name``'s state dict, built without memory where this torch can (the meta device)."""
     import models
     with devmod.without_storage():
         return shapes_of(models.get_model(name, num_classes=num_classes))
@@ -163,7 +144,7 @@ def model_shapes(name, num_classes):
 
 def published_head(own, sd):
     """The keys of ``sd`` whose leading size alone differs from ``own`` ({name: shape}): the classifier of
-    torchvision's published weights for another class count."""
+    torchvision's weights for another class count."""
     return [k for k in sd if k in own and tuple(sd[k].shape) != tuple(own[k])
             and sd[k].dim() >= 1 and len(own[k]) >= 1 and tuple(sd[k].shape[1:]) == tuple(own[k][1:])]
 
@@ -175,24 +156,18 @@ def check_fits(model, sd, what, hint="check --arch and --num-classes", skip=()):
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
     shapes = [k for k in sd if k in own and k not in skip and tuple(sd[k].shape) != tuple(own[k])]
-    if missing or unexpected or shapes:
-        parts = []
-        if shapes:
-            parts.append("shape differs for {} (e.g. {}: file {} vs model {})".format(
-                len(shapes), shapes[0], tuple(sd[shapes[0]].shape), tuple(own[shapes[0]])))
-        if missing:
-            parts.append("{} missing (e.g. {})".format(len(missing), missing[0]))
-        if unexpected:
-            parts.append("{} unexpected (e.g. {})".format(len(unexpected), unexpected[0]))
+    parts = ["shape differs for {} (e.g. {}: file {} vs model {})".format(
+        len(shapes), shapes[0], tuple(sd[shapes[0]].shape), tuple(own[shapes[0]]))] if shapes else []
+    parts += ["{} {} (e.g. {})".format(len(keys), word, keys[0]) for keys, word in
+              ((missing, "missing"), (unexpected, "unexpected")) if keys]
+    if parts:
         raise UsageError("{}: {}; {}".format(what, "; ".join(parts), hint))
 
 
 def check_checkpoints(weights, resume, published, own, about):
-    """Before any rank starts (trainer/plan.py), every file that loads into the model fits it: ``weights``
-    (--pretrained, a File), ``resume`` (--resume or --evaluate's checkpoint, a File), against ``own`` ({name:
-    shape}: the model this run builds; ``about``: its description, e.g. "--arch resnet18 with 10 classes (the
-    data's class folders)"). torchvision's published weights (``published``) may differ in the classifier alone.
-    Returns the notes."""
+    """Before any rank starts (trainer/plan.py): the Files ``weights`` (--pretrained) and ``resume`` (--resume or
+    --evaluate's) fit ``own`` ({name: shape}, ``about`` its description), torchvision's (``published``) but for the
+    classifier. Returns the notes."""
     notes = []
     if weights is not None:
         sd = state_dict_of(weights.load(), weights.path)
@@ -217,10 +192,8 @@ def check_checkpoints(weights, resume, published, own, about):
 
 
 def load_weights_into(model, weights, published=False):
-    """--pretrained FILE (``weights``: a File, or a path) into ``model``, checked by the plan
-    (``check_checkpoints``). ``published`` (torchvision's weights, --pretrained alone): a classifier of another
-    class count is left as built (newly initialised)."""
-    weights = weights if isinstance(weights, File) else File(weights, "weights file")
+    """--pretrained's File into ``model`` (checked by ``check_checkpoints``); with ``published`` (torchvision's
+    weights) a classifier of another class count is left as built."""
     sd = state_dict_of(weights.load(), weights.path)
     if published:
         own = model.state_dict()
@@ -230,13 +203,12 @@ def load_weights_into(model, weights, published=False):
 
 
 def published_weights(arch, model):
-    """The local file of torchvision's published weights for ``model`` (-a ``arch``): in torchvision's own cache
-    (TORCH_HOME/hub/checkpoints), downloaded there first when it is missing."""
+    """torchvision's weights for ``model`` (-a ``arch``) in TORCH_HOME/hub/checkpoints, downloaded if missing."""
     import models as registry
     url = registry.published_weights_url(model)
     if url is None:
-        raise UsageError("--pretrained: torchvision publishes no weights for -a {}; pass --pretrained FILE".format(
-            arch))
+        raise UsageError("--pretrained: torchvision publishes no weights for -a {}; pass --pretrained FILE"
+                         .format(arch))
     folder = os.path.join(torch.hub.get_dir(), "checkpoints")
     path = os.path.join(folder, os.path.basename(url.split("?")[0]))
     if not os.path.exists(path):
@@ -250,24 +222,20 @@ def published_weights(arch, model):
     return path
 
 
-def last_name(prefix="checkpoint"):
-    """The last epoch's checkpoint file name (--checkpoint-nameprefix)."""
+def last_name(prefix="checkpoint"):  # the last epoch's checkpoint file name (--checkpoint-nameprefix)
     return CHECKPOINT if prefix == "checkpoint" else prefix + ".pth.tar"
 
 
-def epoch_name(prefix, epoch):
-    """The file --checkpoint-freq keeps of ``epoch`` epochs completed."""
+def epoch_name(prefix, epoch):  # the file --checkpoint-freq keeps of ``epoch`` epochs completed
     return "{}_epoch{}.pth.tar".format(prefix, epoch)
 
 
 def resolve_resume(resume, output_dir, prefix="checkpoint"):
     """--resume PATH | auto -> a path, or None (auto with nothing to resume)."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        path = os.path.join(output_dir, last_name(prefix))
-        return path if os.path.isfile(path) else None
-    return resume
+    if resume != "auto":
+        return resume
+    path = os.path.join(output_dir, last_name(prefix))
+    return path if os.path.isfile(path) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,9 +252,7 @@ class Resume:
 
 
 def read_training(file, arch):
-    """``file`` (a File, or a path) as a Resume; a weights file, or a checkpoint of another --arch, is a
-    UsageError."""
-    file = file if isinstance(file, File) else File(file)
+    """``file`` (a File) as a Resume; a weights file, or another --arch's checkpoint, is a UsageError."""
     path, ckpt = file.path, file.load()
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "epoch" not in ckpt:
         raise UsageError("'{}' is a weights file, not a training checkpoint (no epoch/optimizer state); "
@@ -294,29 +260,18 @@ def read_training(file, arch):
     import models
     if ckpt.get("arch") is not None and not models.same_weights(ckpt["arch"], arch):
         raise UsageError("'{}' is a checkpoint of --arch {}, not {}".format(path, ckpt.get("arch"), arch))
-    best = ckpt.get("best_acc1")
-    best = float(best) if best is not None else None
+    best = float(ckpt["best_acc1"]) if ckpt.get("best_acc1") is not None else None
     return Resume(path=path, epoch=int(ckpt["epoch"]), best_acc1=best or None,  # 0: nothing validated yet
                   state_dict=strip_module(ckpt["state_dict"]), rng=ckpt.get("rng"),
                   lr_schedule=ckpt.get("lr_schedule") or {}, seed=ckpt.get("seed"), entries=ckpt)
 
 
-def examples_best(best_acc1):
-    """``best_acc1`` as pytorch/examples writes it and its --resume reads it (``best_acc1.to(args.gpu)``): a 0-dim
-    tensor (float64: the value exactly); before any validation examples' starting value, 0."""
-    return torch.tensor(float(best_acc1) if best_acc1 is not None else 0.0, dtype=torch.float64)
-
-
 def examples_scheduler(base_lr, epochs_done, lr):
-    """The ``scheduler`` entry pytorch/examples' --resume loads into its ``StepLR(optimizer, step_size=30,
-    gamma=0.1)``: that scheduler's state (torch's own, of the installed version) after ``epochs_done`` epochs
-    from ``base_lr`` (--lr), its last LR ``lr``, the one the checkpoint's optimizer holds (the LR this run's
-    schedule starts the next epoch at). StepLR multiplies the optimizer's LR by 0.1 at each multiple of 30 epochs:
-    examples continues --lr-schedule step (without warm-up) exactly, and any other schedule from ``lr``."""
-    param = torch.zeros(1, requires_grad=True)
-    optimizer = torch.optim.SGD([param], lr=base_lr)
-    step_size, gamma = EXAMPLES_STEP
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=step_size, gamma=gamma)
+    """The ``scheduler`` entry pytorch/examples' --resume loads into its StepLR: its state (the installed torch's)
+    after ``epochs_done`` epochs from ``base_lr`` (--lr), with last LR ``lr`` (the next epoch's, as the optimizer
+    holds it): examples continues --lr-schedule step (without warm-up) exactly, any other schedule from ``lr``."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base_lr)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=EXAMPLES_STEP[0], gamma=EXAMPLES_STEP[1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(epochs_done):
@@ -327,36 +282,25 @@ def examples_scheduler(base_lr, epochs_done, lr):
     return state
 
 
-def rng_states(device):
-    return {"torch": torch.get_rng_state(), "device": device.rng_state(), "python": random.getstate()}
-
-
 def restore_rng(states, device):
-    if not states:
-        return
+    states = states or {}
     if states.get("torch") is not None:
         torch.set_rng_state(states["torch"])
     if states.get("device") is not None:
-        try:
+        with contextlib.suppress(Exception):  # a checkpoint from another device kind
             device.set_rng_state(states["device"])
-        except Exception:
-            pass  # a checkpoint from another device kind
     if states.get("python") is not None:
         py = states["python"]
         random.setstate((py[0], tuple(py[1]), py[2]))
 
 
 class CheckpointSaver:
-    """The run's checkpoint policy over the parts it saves (held by reference, so ``save`` takes only the
-    epoch): the last epoch in ``checkpoint.pth.tar`` (--checkpoint-nameprefix), the best validation Acc@1 copied
-    to ``model_best.pth.tar``, every N epochs a file of its own (--checkpoint-freq), all written atomically, and
-    never a state whose weights or buffers are not finite (the previous files stay as they were; ``Diverged`` is
-    raised instead).
-
-    ``model``: the bare model; ``step``: the optimizer step (trainer/precision/amp.py: its optimizer and loss-scaler
-    entries); ``schedule``: the LR schedule; ``record``: what every checkpoint states besides (``arch``,
-    ``model``, ``num_classes``, ``classes``, ``seed``, ``config``); ``ema``: --model-ema's average (saved as
-    ``model_ema``, torchvision's key), or None."""
+    """The checkpoint policy over the parts saved (held by reference): the last epoch in ``checkpoint.pth.tar``
+    (--checkpoint-nameprefix), the best Acc@1 copied to ``model_best.pth.tar``, every N epochs a file of its own
+    (--checkpoint-freq), all atomic; never weights or buffers that are not finite (``Diverged`` instead, the files
+    left as they were). ``step``: the optimizer step (trainer/precision/amp.py: optimizer and loss-scaler entries);
+    ``record``: the other entries (``arch``, ``model``, ``num_classes``, ``classes``, ``seed``, ``config``); ``ema``:
+    --model-ema's average (saved as torchvision's ``model_ema``), or None."""
 
     def __init__(self, section, model, step, schedule, device, record, ema=None):
         self.last = os.path.join(section.output_dir, last_name(section.checkpoint_prefix))
@@ -365,14 +309,19 @@ class CheckpointSaver:
         self.model, self.step, self.schedule, self.device, self.record = model, step, schedule, device, record
         self.ema = ema
 
-    def state(self, epoch, best_acc1):
-        """The checkpoint of ``epoch`` epochs completed: pytorch/examples' and the Ascend guide's keys
-        (``epoch``, ``arch``, ``state_dict``, ``best_acc1``, ``optimizer``, ``scheduler``, apex's ``amp``), and
-        this project's (FORMAT_VERSION); the optimizer step adds its own (optimizer, precision, and the scaler or
-        apex's amp). Everything in it loads with ``torch.load(path, weights_only=True)``."""
+    def state(self, epoch, best_acc1, mid=None):
+        """The checkpoint of ``epoch`` epochs completed (``mid``: a mid-epoch one's position): pytorch/examples' and
+        the Ascend guide's keys (``epoch``, ``arch``, ``state_dict``, ``best_acc1``, ``optimizer``, ``scheduler``,
+        apex's ``amp``) and this project's, all loadable with ``torch.load(path, weights_only=True)``."""
+        from trainer.guard import Diverged, all_finite
         state = dict(format_version=FORMAT_VERSION, epoch=epoch, **self.record)
-        state.update(state_dict=self.model.state_dict(), lr_schedule=self.schedule.state_dict(),
-                     rng=rng_states(self.device), best_acc1=examples_best(best_acc1))
+        rng = {"torch": torch.get_rng_state(), "device": self.device.rng_state(), "python": random.getstate()}
+        # best_acc1 as examples' --resume reads it (``best_acc1.to(args.gpu)``): a float64 0-dim tensor, 0 at first
+        state.update(state_dict=self.model.state_dict(), lr_schedule=self.schedule.state_dict(), rng=rng,
+                     best_acc1=torch.tensor(float(best_acc1) if best_acc1 is not None else 0.0, dtype=torch.float64))
+        if not all_finite(state["state_dict"].values()):
+            at = {"epoch": epoch - 1, "step": None} if mid is None else {"epoch": mid["epoch"], "step": mid["step"]}
+            raise Diverged("non-finite weights", dict(at, lr=None, loss_scale=None))
         state.update(self.step.checkpoint_entries())
         lr = self.schedule(epoch, 0)  # the LR the next epoch starts at
         state["optimizer"] = dict(state["optimizer"], param_groups=[
@@ -380,30 +329,22 @@ class CheckpointSaver:
         state["scheduler"] = examples_scheduler(self.schedule.lr, epoch, lr)
         if self.ema is not None:
             state["model_ema"] = self.ema.state_dict()
+        if mid is not None:
+            state["mid_epoch"] = mid
         return state
 
     def save(self, epoch, best_acc1, is_best):
-        from trainer.guard import Diverged, all_finite
-        state = self.state(epoch, best_acc1)
-        if not all_finite(state["state_dict"].values()):
-            raise Diverged("non-finite weights", {"epoch": epoch - 1, "step": None, "lr": None, "loss_scale": None})
-        save(state, self.last)
+        save(self.state(epoch, best_acc1), self.last)
         if is_best:
             copy(self.last, self.best)
         if self.freq and epoch % self.freq == 0:  # --checkpoint-freq N: a file of its own every N epochs
             copy(self.last, os.path.join(self.out_dir, epoch_name(self.prefix, epoch)))
 
     def save_mid(self, position, best_acc1):
-        """A mid-epoch checkpoint in the last epoch's file (``--resume auto`` continues from it): the epoch's
-        checkpoint of the epochs completed before, with ``mid_epoch`` (``position``: the loop's step, meters and
-        counters, the signal that stopped it). The RNG states are this moment's (a step boundary)."""
-        from trainer.guard import Diverged, all_finite
-        state = self.state(position["epoch"], best_acc1)
-        if not all_finite(state["state_dict"].values()):
-            raise Diverged("non-finite weights", {"epoch": position["epoch"], "step": position["step"], "lr": None,
-                                                  "loss_scale": None})
-        state["mid_epoch"] = position
-        save(state, self.last)
+        """A mid-epoch checkpoint in the last epoch's file (``--resume auto`` continues it): that of the epochs
+        completed, with ``mid_epoch`` (``position``: the loop's step, meters, counters, the signal that stopped it)
+        and this moment's RNG states (a step boundary)."""
+        save(self.state(position["epoch"], best_acc1, position), self.last)
 
     def existing(self):
         """{'checkpoint': path, 'best_checkpoint': path} for the files present."""

@@ -1,16 +1,9 @@
-"""An earlier run in an output folder, and how a new run moves it aside: one policy for main.py and the ModelZoo
-drivers.
+"""An earlier run in an output folder, and how a new run moves it aside: one policy for main.py and the drivers.
 
-What an earlier run is: the files its records list (each summary.json / eval_summary.json names what its run
-wrote, ``recorded``; an older version's summary, by the names that version writes), and, for main.py, the list in
-the lock of a run that died before writing one and whatever lies where the new run writes its own files. Where it
-goes: a folder named by the time of the move (``stamped``: STAMP, then STAMP-1, ... where one exists). What stays:
-the new run's inputs (other ranks read them there, now or later) unless they are the earlier run's own files.
-
-main.py (a run in the default --output-dir, ``move_earlier_run``) moves the earlier run's files into
-``previous_runs/STAMP/`` inside the folder (an input among them is linked there, and stays), and keeps the newest
-KEEP_EARLIER_RUNS; the drivers (``move_folder_aside``) move the folder's contents to ``<dir>.prev-STAMP`` beside it
-(an input that is the earlier run's own file goes with it, and the run reads it there).
+An earlier run is the files its records list (``recorded``) and, for main.py, those in the lock of a run that died
+before its summary and whatever lies where the new run writes (``earlier_run``). They go to a folder named by the
+time of the move (``stamped``): main.py's ``previous_runs/STAMP/`` (``move_earlier_run``), the drivers'
+``<dir>.prev-STAMP`` (``move_folder_aside``). The new run's inputs stay (other ranks read them there).
 """
 import dataclasses
 import os
@@ -27,15 +20,10 @@ _STAMP = re.compile(r"^([0-9]{8}-[0-9]{6})(?:-([0-9]+))?$")
 
 
 def recorded(folder):
-    """(the paths, relative to ``folder``, that the runs there wrote as their summaries list them, whether a summary
-    is an older version's, without a list)."""
-    paths, older = set(), False
-    for name in (files.SUMMARY, files.EVAL_SUMMARY):
-        record = files.read_record(folder, name)
-        if record is not None:
-            paths.update(record[0])
-            older = older or record[1]
-    return paths, older
+    """(the paths, relative to ``folder``, that the summaries there list, whether one is an older version's, without
+    a list: its files found by the names that version writes)."""
+    records = [r for r in (files.read_record(folder, n) for n in (files.SUMMARY, files.EVAL_SUMMARY)) if r is not None]
+    return set(p for r in records for p in r[0]), any(r[1] for r in records)
 
 
 def stamped(prefix):
@@ -48,10 +36,9 @@ def stamped(prefix):
 
 
 def earlier_run(plan, stale=None):
-    """What the earlier runs in --output-dir wrote there (paths relative to it), by their records: each
-    summary.json / eval_summary.json's list of files, and the list in the lock of a run that died before writing
-    one (``stale``: that lock's contents); besides, what lies where this run writes its own files (which it would
-    overwrite). Returns (paths, whether a record is an older version's, without a list)."""
+    """What earlier runs wrote in --output-dir (paths relative to it): ``recorded``'s, the list in the lock of a run
+    that died before its summary (``stale``: that lock's contents), what lies where this run writes. Returns
+    (paths, whether a record is an older version's)."""
     folder = plan.run.output_dir
     paths, older = recorded(folder)
     listed = (stale or {}).get(files.FILES)
@@ -63,42 +50,21 @@ def earlier_run(plan, stale=None):
                   os.path.lexists(os.path.join(folder, p))), older
 
 
-def inputs_of(plan):
-    """(flag, path) of each file or folder this run reads: --pretrained, --resume, the data."""
-    out = [("--pretrained", plan.model.pretrained), ("--resume", plan.resume.path if plan.resume else None),
-           ("the data", None if plan.data.dummy else plan.data.root)]
-    return [(what, path) for what, path in out if path and os.path.exists(path)]
-
-
 def holds(path, inp):
     """Whether ``path`` is the file ``inp`` or a folder holding it."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        return files.inside(inp, path) is not None or _same(path, inp)
-    return _same(path, inp)
-
-
-def keep_copy(path, dest):
-    """``dest`` becomes the same file as ``path`` (a hard link; a copy where the filesystem has none): the file
-    also stays where it is. Returns "linked" or "copied"."""
-    try:
-        os.link(path, dest)
-        return "linked"
-    except OSError:
-        shutil.copy2(path, dest)
-        return "copied"
+    return _same(path, inp) or os.path.isdir(path) and not os.path.islink(path) and files.inside(inp, path) is not None
 
 
 def move_earlier_run(plan, paths, older=False):
-    """Move the earlier run's files ``paths`` (``earlier_run``'s) in --output-dir into ``previous_runs/STAMP/``;
-    returns (the plan, the notes saying so). ModelZoo's scripts run their entry twice in the same folder (the
-    performance script, then the full one): the second run must neither fail nor overwrite the first.
-
-    This run's inputs stay where they are (other ranks read them there, now or later): an earlier run's file that
-    is one is linked into STAMP instead (the run reads and records it there; its own checkpoint may later replace the
-    name in place), a folder holding one stays whole. Then previous_runs keeps the newest KEEP_EARLIER_RUNS."""
+    """Move ``earlier_run``'s ``paths`` into ``previous_runs/STAMP/`` (ModelZoo's scripts run their entry twice in
+    one folder, performance then full: the second must neither fail nor overwrite the first); returns (the plan, the
+    notes). This run's inputs stay: an earlier file that is one is linked into STAMP (copied where links fail; the run
+    reads it there, its own checkpoint may later replace the name in place), a folder holding one stays."""
     folder = plan.run.output_dir
     dest = stamped(os.path.join(folder, EARLIER, ""))
-    inputs = inputs_of(plan)
+    inputs = [("--pretrained", plan.model.pretrained), ("--resume", plan.resume.path if plan.resume else None),
+              ("the data", None if plan.data.dummy else plan.data.root)]
+    inputs = [(what, path) for what, path in inputs if path and os.path.exists(path)]
     moved, notes = [], []
     os.makedirs(dest)
     for rel in paths:
@@ -111,23 +77,26 @@ def move_earlier_run(plan, paths, older=False):
             if read and os.path.isdir(path):
                 notes.append("{} is in the earlier run's {}, which stays in place".format(read[0][0], path))
             elif read:
-                how = keep_copy(path, target)
+                try:
+                    os.link(path, target)
+                    how = "the same file, linked"
+                except OSError:
+                    shutil.copy2(path, target)
+                    how = "a copy"
                 plan = _reads(plan, path, target)
                 notes.append("{} '{}' is one of the earlier files: it stays in place, and is kept with them as "
                              "'{}' ({}), which this run reads{}".format(
-                                 read[0][0], read[0][1], target, "the same file, linked" if how == "linked" else
-                                 "a copy", "; this run's own {} replaces it in place".format(rel)
-                                 if rel in files.outputs(plan) else ""))
+                                 read[0][0], read[0][1], target, how, "; this run's own {} replaces it in place".format(
+                                     rel) if rel in files.outputs(plan) else ""))
             else:
                 os.rename(path, target)
                 moved.append(rel)
         except OSError as exc:
             raise UsageError("cannot move the earlier run's {} aside into '{}' ({}): pass --output-dir DIR for the "
                              "new run".format(path, dest, exc.strerror or exc))
-    notes.insert(0, "--output-dir '{}' held an earlier run: {} moved to {}{} (--output-dir DIR to write "
-                    "elsewhere)".format(folder, ", ".join(moved) or "nothing", dest, " (an older version's run, "
-                                        "whose summary.json lists no files: moved by the names that version "
-                                        "writes)" if older else ""))
+    older_note = " (an older version's run, whose summary.json lists no files: moved by the names that version writes)"
+    notes.insert(0, "--output-dir '{}' held an earlier run: {} moved to {}{} (--output-dir DIR to write elsewhere)"
+                 .format(folder, ", ".join(moved) or "nothing", dest, older_note if older else ""))
     notes += _prune(os.path.join(folder, EARLIER), dest, [inp for _, inp in inputs])
     return plan, tuple(notes)
 
@@ -150,8 +119,8 @@ def _reads(plan, path, kept):
 
 
 def _prune(root, newest, inputs):
-    """previous_runs keeps the newest KEEP_EARLIER_RUNS STAMP folders (others in it are left alone): the notes on
-    those removed, or kept because this run reads from them."""
+    """previous_runs keeps the newest KEEP_EARLIER_RUNS STAMP folders (other entries stay): notes on those removed, or
+    kept because this run reads from them."""
     stamps = sorted((m.group(1), int(m.group(2) or 0), name) for name, m in
                     ((name, _STAMP.match(name)) for name in os.listdir(root)) if m)
     removed, notes = [], []
@@ -175,10 +144,9 @@ def _prune(root, newest, inputs):
 
 
 def move_folder_aside(folder, inputs):
-    """The drivers' move: ``folder``'s contents go to ``<folder>.prev-STAMP``. Of ``inputs`` (paths the run reads),
-    those inside the folder stay in place, except the earlier run's own files (main.py's names, or listed by its
-    record: its checkpoint as the weights), which go with that run. Returns (the folder they went to, {input
-    inside the folder: its path now}); an input the folder does not hold is left out."""
+    """The drivers' move of ``folder``'s contents to ``<folder>.prev-STAMP``, but for ``inputs`` (paths the run reads)
+    that are not the earlier run's own files (main.py's names, or its record's: its checkpoint as weights).
+    Returns (the folder they went to, {input inside the folder: its path now})."""
     dest = stamped(folder + ".prev-")
     real = os.path.realpath(folder)
     held = [i for i in inputs if os.path.realpath(i) == real or os.path.realpath(i).startswith(real + os.sep)]
@@ -197,8 +165,5 @@ def move_folder_aside(folder, inputs):
                 os.rename(path, os.path.join(dest, entry))
     except OSError as exc:
         raise UsageError("cannot move '{}' aside to '{}' ({})".format(folder, dest, exc.strerror or exc))
-    now = {}
-    for path, rel in zip(held, rels):
-        moved = os.path.join(dest, rel)
-        now[path] = moved if not os.path.exists(path) and os.path.exists(moved) else path
-    return dest, now
+    moved = {path: os.path.join(dest, rel) for path, rel in zip(held, rels)}
+    return dest, {p: m if not os.path.exists(p) and os.path.exists(m) else p for p, m in moved.items()}

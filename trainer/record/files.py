@@ -14,14 +14,7 @@ TB_EVENTS = "events.out.tfevents."  # TensorBoard's event file names (its own, n
 
 def inside(path, folder):
     """``path`` relative to ``folder`` when it lies inside it (not the folder itself), else None."""
-    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(folder))
-    return None if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep) else rel
-
-
-def world_of(plan):
-    """The job's ranks (a spawning process's plan counts those it starts on every node)."""
-    return plan.launch.nodes * len(plan.launch.device_list) if plan.launch.mode == "spawn" else \
-        plan.launch.world_size
+    return safe(os.path.relpath(os.path.realpath(path), os.path.realpath(folder)))
 
 
 def outputs(plan):
@@ -35,8 +28,10 @@ def outputs(plan):
     if run.checkpoint_freq:
         names += [checkpoint.epoch_name(run.checkpoint_prefix, e)
                   for e in range(run.checkpoint_freq, run.epochs + 1, run.checkpoint_freq)]
-    if run.profile_steps is not None:
-        names += [n for r in range(max(1, world_of(plan))) for n in profiling.files_of(r)]
+    if run.profile_steps is not None:  # every rank's (a spawning process's plan counts those it starts on every node)
+        launch = plan.launch
+        world = launch.nodes * len(launch.device_list) if launch.mode == "spawn" else launch.world_size
+        names += [n for r in range(max(1, world)) for n in profiling.files_of(r)]
     tb = inside(run.tensorboard_dir, run.output_dir) if run.tensorboard_dir else None
     return names + ([tb] if tb else [])
 
@@ -44,9 +39,9 @@ def outputs(plan):
 def _identity(path):
     try:
         st = os.stat(path)
+        return st.st_ino, st.st_mtime_ns, st.st_size
     except OSError:
         return None
-    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def snapshot(folder, names):
@@ -85,10 +80,9 @@ def safe(rel):
 
 
 def read_record(folder, name):
-    """The summary ``name`` in ``folder``: (the files its run wrote there, as it lists them, whether it is an older
-    version's summary without that list), or None without a readable one. An older version's files are found by
-    the names it writes: its checkpoints (its own --checkpoint-nameprefix and --checkpoint-freq), metrics.jsonl, its
-    ranks' profiler results, the TensorBoard event files in its TensorBoard folder."""
+    """The summary ``name`` in ``folder``: (the files its run wrote there, whether it is an older version's summary
+    without that list), or None without a readable one. An older version's files are found by the names it writes:
+    its checkpoints (by its config), metrics.jsonl, its ranks' profiler results, its TensorBoard event files."""
     path = os.path.join(folder, name)
     try:
         with open(path) as f:

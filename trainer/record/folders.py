@@ -1,14 +1,12 @@
 """Who writes --output-dir: one writer per folder, and one per node when the nodes do not share it.
 
-A job's checkpoints and summary are written by global rank 0 into --output-dir. Several nodes often do not
-share that folder: each has its own local disk (the Ascend guides save on every node's local rank 0). Then
-the other nodes' folders would hold nothing, and ``--resume auto`` would resume node 0 at its last epoch
-and start the others from scratch. So after the rendezvous, rank 0 leaves a token file in its folder; each
-node's local rank 0 looks for it in its own --output-dir. A node that finds it shares rank 0's folder
-(one writer, one lock, as on one node); a node that does not keeps its own copy: its local rank 0 takes
-its folder's lock and writes the same checkpoints and summary there. Every rank then resumes from the
-same epoch, or the job stops with one line before training (``check_same_epoch``).
+Global rank 0 writes the checkpoints and summary. Nodes often do not share --output-dir (local disks; the Ascend
+guides save on every node's local rank 0): ``--resume auto`` would then resume node 0 and start the others anew. So
+after the rendezvous rank 0 leaves a token file in its folder, and each node's local rank 0 looks for it in its own:
+a node that does not find it takes its own folder's lock and writes the same files there. Every rank then resumes
+from the same epoch, or the job stops with one line before training (``check_same_epoch``).
 """
+import contextlib
 import dataclasses
 import functools
 import os
@@ -33,21 +31,16 @@ class Quiet(UsageError):
 
 
 def hold_folder(plan):
-    """The process that starts rank 0 of a training run holds --output-dir for the job: ``take_folder`` there.
-    Returns (the lock, or None for any other process; the plan, with take_folder's notes and paths)."""
+    """``take_folder`` in the process that starts rank 0 of a training run: (the lock, or None elsewhere; the plan)."""
     first = plan.launch.node_rank == 0 if plan.launch.mode == "spawn" else plan.launch.rank == 0
-    if not first or plan.run.evaluate:
-        return None, plan
-    return take_folder(plan)
+    return take_folder(plan) if first and not plan.run.evaluate else (None, plan)
 
 
 def take_folder(plan, log=None):
-    """The folder's lock (one writer per --output-dir), then the check that a new run starts in a folder
-    without one: an earlier run there is moved aside (--output-dir not given, ``move_earlier_run``) or refused.
-    The lock then lists what this run may write there. Returns (lock, the plan with the notes: a stale lock taken
-    over, an earlier run moved; its input files' paths as they are read). The notes on a move are printed as it
-    happens (``log``: stdout by default), whatever comes next; the plan's ``shown`` keeps the log from repeating
-    them. Every check of the run's inputs came before (trainer/plan.py): nothing moves for a run that cannot start."""
+    """The folder's lock, an earlier run there moved aside (--output-dir not given) or refused, and what this run
+    may write there listed in the lock. Returns (lock, the plan with the notes and its inputs' paths as read). A
+    move's notes are printed as it happens (``log``: stdout by default; the plan's ``shown`` keeps the log from
+    repeating them), after every check of the inputs (trainer/plan.py)."""
     held_lock = lock.RunLock(plan.run.output_dir).acquire()
     folder, notes = plan.run.output_dir, ()
     try:
@@ -75,39 +68,28 @@ def take_folder(plan, log=None):
 
 def _sees(path):
     deadline = time.time() + LOOK_AGAIN_SECONDS
-    while True:
-        if os.path.exists(path):
-            return True
-        if time.time() >= deadline:
-            return False
+    while not os.path.exists(path) and time.time() < deadline:
         time.sleep(0.2)
+    return os.path.exists(path)
 
 
 def node_writer(plan, dist, device, log):
-    """Decide, on every rank of the job together, whether this rank writes --output-dir.
-
-    Returns (writes, lock or None, the plan: take_folder's where this rank takes a folder): rank 0 writes (its
-    folder's lock is held by the launching process);
-    a node's local rank 0 whose --output-dir is not rank 0's folder writes its own and holds its lock here.
-    A node whose folder cannot be taken (in use, or a new run into a folder holding one) stops every rank
-    with that node's one line.
-    """
+    """On every rank together: whether this rank writes --output-dir. Returns (writes, lock or None, the plan):
+    rank 0 writes (its launching process holds the lock); a node's local rank 0 that does not see rank 0's folder
+    writes its own and takes its lock here. A node whose folder cannot be taken stops every rank with its one line."""
     if not dist.active or plan.launch.nodes <= 1:
         return dist.is_main, None, plan
-    leader = (plan.launch.local_rank or 0) == 0
     token = dist.broadcast_int(secrets.randbits(30), device)  # every rank calls it; rank 0's value wins
     path = os.path.join(plan.run.output_dir, TOKEN.format(token))
     if dist.is_main:
         os.makedirs(plan.run.output_dir, exist_ok=True)
         open(path, "w").close()
     dist.barrier()
-    own = leader and not dist.is_main and not _sees(path)
+    own = (plan.launch.local_rank or 0) == 0 and not dist.is_main and not _sees(path)  # a leader without it
     dist.barrier()
     if dist.is_main:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(path)
-        except OSError:
-            pass
     held, problem = None, None
     if own and not plan.run.evaluate:
         try:
@@ -136,8 +118,8 @@ def node_writer(plan, dist, device, log):
 
 
 def check_same_epoch(dist, device, epoch, where, leader):
-    """Every rank starts at the same epoch: ``epoch`` is this rank's (its checkpoint's, or where a new run
-    starts). Otherwise each node's local rank 0 says which folder holds what, and every rank stops (exit 2)."""
+    """Every rank must start at the same epoch (``epoch``: this rank's); else each node's local rank 0 says which
+    folder holds what, and every rank stops (exit 2)."""
     if not dist.active:
         return
     hi = int(dist.max(epoch, device))

@@ -1,14 +1,13 @@
 """Meters, accuracy and the log lines.
 
-The printed lines keep pytorch/examples' formats byte for byte, because acceptance
-tooling greps them (the Epoch line is one line, wrapped here):
-    Epoch: [0][ 10/500]\tTime  0.123 ( 0.150)\tData  0.001 ( 0.010)\tLoss 6.9078e+00 (6.9100e+00)
-        \tAcc@1   0.00 (  0.10)\tAcc@5   0.39 (  0.50)
+The printed lines keep pytorch/examples' formats byte for byte, because acceptance tooling greps them:
+    Epoch: [0][ 10/500]\tTime  0.123 ( 0.150)\tData  0.001 ( 0.010)\tLoss 6.9078e+00 (6.9100e+00)\tAcc@1 ...
     Test: [ 10/196]\tTime ...
      *   Acc@1 75.123 Acc@5 92.456
-Sums are kept on the device (no host sync per step); they are read, and reduced across
-processes, only at print steps and at the end of an epoch.
+Sums are kept on the device (no host sync per step); they are read, and reduced across processes, only at print
+steps and at the end of an epoch.
 """
+import collections
 import dataclasses
 import sys
 import time
@@ -17,82 +16,56 @@ from typing import Optional
 import torch
 
 
-class AverageMeter:
-    def __init__(self, name, fmt=":f"):
-        self.name, self.fmt = name, fmt
-        self.reset()
-
-    def reset(self):
-        self.val = self.avg = self.sum = 0.0
-        self.count = 0
-
-    def update(self, val, n=1):
-        self.val = val
-        self.sum += val * n
-        self.count += n
-        self.avg = self.sum / self.count if self.count else 0.0
-
-    def __str__(self):
-        return ("{name} {val" + self.fmt + "} ({avg" + self.fmt + "})").format(
-            name=self.name, val=self.val, avg=self.avg)
-
-
-class ProgressMeter:
-    def __init__(self, num_batches, meters, prefix=""):
-        digits = len(str(num_batches))
-        fmt = "{:" + str(digits) + "d}"
-        self.batch_fmtstr = "[" + fmt + "/" + fmt.format(num_batches) + "]"
-        self.meters, self.prefix = meters, prefix
-
-    def line(self, batch):
-        return "\t".join([self.prefix + self.batch_fmtstr.format(batch)] + [str(m) for m in self.meters])
-
-
 class LoopMeters:
-    """pytorch/examples' meters of one loop and its progress line: Time, Data (training only), Loss, Acc@1,
-    Acc@5, updated at each print step from a ``StepClock`` interval and ``Sums.read``'s values."""
+    """pytorch/examples' AverageMeters of one loop and their ProgressMeter line: Time, Data (training only), Loss,
+    Acc@1, Acc@5, updated at each print step from a ``StepClock`` span and ``Sums.read``'s values."""
+
+    COLUMNS = (("Time", "6.3f"), ("Data", "6.3f"), ("Loss", ".4e"), ("Acc@1", "6.2f"), ("Acc@5", "6.2f"))
 
     def __init__(self, steps, prefix, data=True, restart_at=None):
         self.restart_at = restart_at  # ModelZoo's --skip_steps: the Time average restarts at that step
-        self.batch_time = AverageMeter("Time", ":6.3f")
-        self.data_time = AverageMeter("Data", ":6.3f") if data else None
-        self.losses = AverageMeter("Loss", ":.4e")
-        self.top1 = AverageMeter("Acc@1", ":6.2f")
-        self.top5 = AverageMeter("Acc@5", ":6.2f")
-        meters = [m for m in (self.batch_time, self.data_time, self.losses, self.top1, self.top5) if m is not None]
-        self.progress = ProgressMeter(steps, meters, prefix=prefix)
+        self.columns = [(name, fmt) for name, fmt in self.COLUMNS if data or name != "Data"]
+        self.values = {name: (0.0, 0.0) for name, _ in self.columns}  # (the last value, the average)
+        self.sums = {"Time": [0.0, 0], "Data": [0.0, 0]}  # (sum, count) of the per-step times averaged
+        fmt = "{:" + str(len(str(steps))) + "d}"
+        self.prefix, self.batch_fmtstr = prefix, "[" + fmt + "/" + fmt.format(steps) + "]"
+
+    def _average(self, name, seconds, steps):
+        val = seconds / steps
+        total = self.sums[name]
+        total[0] += val * steps
+        total[1] += steps
+        self.values[name] = (val, total[0] / total[1])
 
     def update(self, span, interval, running):
         """``span``: a StepClock.Span; ``interval`` / ``running``: Sums.read's values."""
         if self.restart_at is not None and span.after is not None:
-            self.batch_time.reset()
+            self.sums["Time"] = [0.0, 0]
+            self.values["Time"] = (0.0, 0.0)
             steps, seconds = span.after
             if steps:
-                self.batch_time.update(seconds / steps, steps)
+                self._average("Time", seconds, steps)
         else:
-            self.batch_time.update(span.seconds / span.steps, span.steps)
-        if self.data_time is not None:
-            self.data_time.update(span.waited / span.steps, span.steps)
-        for meter, key in ((self.losses, "loss"), (self.top1, "acc1"), (self.top5, "acc5")):
-            meter.val, meter.avg = interval[key], running[key]
+            self._average("Time", span.seconds, span.steps)
+        if "Data" in self.values:
+            self._average("Data", span.waited, span.steps)
+        for name, key in (("Loss", "loss"), ("Acc@1", "acc1"), ("Acc@5", "acc5")):
+            self.values[name] = (interval[key], running[key])
 
     def line(self, step):
-        return self.progress.line(step)
+        return "\t".join([self.prefix + self.batch_fmtstr.format(step)] + [
+            "{} {:{f}} ({:{f}})".format(name, *self.values[name], f=fmt) for name, fmt in self.columns])
 
 
-class Span:
-    """The steps between two print points: how many, their wall time, and the part spent waiting for data."""
-
-    def __init__(self, steps, seconds, waited, after=None):
-        self.steps, self.seconds, self.waited = steps, seconds, waited
-        self.after = after  # (steps, seconds) from the FPS window's start, when it opened within this span
+# The steps between two print points: how many, their wall time, the part spent waiting for data, and (steps,
+# seconds) from the FPS window's start when it opened within this span (else None)
+Span = collections.namedtuple("Span", "steps seconds waited after")
 
 
 class StepClock:
-    """An epoch loop's clocks, around the loop rather than in it (torchvision's ``MetricLogger.log_every`` is
-    the model): ``batches`` yields (step, batch) and times the wait for each batch on the host; ``stepped``
-    marks the end of the FPS warm-up (``warmup`` steps, after a device synchronisation); ``span`` gives the
-    interval since the previous print point; ``finish`` the epoch's timings."""
+    """An epoch loop's clocks, around the loop as torchvision's ``MetricLogger.log_every``: ``batches`` yields
+    (step, batch) timing the host's wait for each; ``stepped`` marks the end of the FPS warm-up (``warmup`` steps,
+    after a device sync); ``span`` the interval since the previous print point; ``finish`` the epoch's timings."""
 
     def __init__(self, device, steps, warmup=0, first=0, start=0):
         self.device = device
@@ -102,9 +75,7 @@ class StepClock:
         self.t_fps = self.t_epoch if self.warm == start else None
         self.waited = self.wait_mark = 0.0
         self.last = start
-        # time this process's first steps one by one (a synchronisation after each): ``first_seconds``
-        self.first = start + first
-        self.first_seconds = []
+        self.first, self.first_seconds = start + first, []  # this process's first steps, each timed after a sync
 
     def batches(self, loader, steps, start=0):
         it = iter(loader)
@@ -126,9 +97,8 @@ class StepClock:
     def span(self, i):
         """The Span from the previous print point to the end of step ``i`` (the caller synchronised)."""
         now = time.time()
-        after = None
-        if self.warm and self.last <= self.warm < i + 1 and self.t_fps is not None:
-            after = (i + 1 - self.warm, max(now - self.t_fps, 1e-9))
+        after = (i + 1 - self.warm, max(now - self.t_fps, 1e-9)) \
+            if self.warm and self.last <= self.warm < i + 1 and self.t_fps is not None else None
         span = Span(i + 1 - self.last, max(now - self.t_mark, 1e-9), self.waited - self.wait_mark, after)
         self.t_mark, self.wait_mark, self.last = now, self.waited, i + 1
         return span
@@ -164,15 +134,13 @@ class TrainStats:
 
 
 class RunTotals:
-    """The training epochs of a run so far, summed for summary.json: images/s over the timed steps, step
-    time, the fraction of wall time spent waiting for data, steps trained."""
+    """A run's training epochs so far, summed for summary.json's fields (``fields``)."""
 
     def __init__(self):
         self.images = self.seconds = self.steps = self.wait = self.wall = 0.0
         self.trained_steps = 0
 
-    def add(self, tr):
-        """Add one epoch's TrainStats."""
+    def add(self, tr):  # one epoch's TrainStats
         if tr.fps is not None:
             self.images += tr.fps * tr.timed_seconds
             self.seconds += tr.timed_seconds
@@ -181,8 +149,7 @@ class RunTotals:
         self.wall += tr.seconds
         self.trained_steps += tr.steps - tr.start
 
-    def fields(self):
-        """summary.json's fields of these totals."""
+    def fields(self):  # summary.json's fields of these totals
         return {"trained_steps": self.trained_steps,
                 "train_fps": self.images / self.seconds if self.seconds else None,
                 "train_step_time_ms": 1000.0 * self.seconds / self.steps if self.steps else None,
@@ -208,19 +175,16 @@ def summary_line(acc1, acc5, label=""):
 
 class ZooLines:
     """The lines Ascend ModelZoo's scripts grep, beside pytorch/examples' (``--modelzoo``, trainer/zoo.py):
-
     resnet50      ``step_time = 0.1234`` after each of the first two steps (their CompileTime)
-    shufflenetv2  every progress line prefixed ``[npu id: N ] `` (N: the device index), and after each training
-                  epoch ``[npu id: N ] * FPS@all 1234.567, TIME@all 0.123`` (global images/s, step seconds), after
-                  each validation ``[npu id: N ] [AVG-ACC] * Acc@1 65.158 Acc@5 85.944`` (8p_main_med.py's)
-    """
+    shufflenetv2  every progress line prefixed ``[npu id: N ] `` (N: the device index), after each training epoch
+                  ``[npu id: N ] * FPS@all 1234.567, TIME@all 0.123`` (global images/s, step seconds), after each
+                  validation ``[npu id: N ] [AVG-ACC] * Acc@1 65.158 Acc@5 85.944`` (8p_main_med.py's)"""
 
     def __init__(self, entry, device_index):
         self.entry = entry
         self.prefix = "[npu id: {} ] ".format(device_index or 0) if entry == "shufflenetv2" else ""
 
-    def first_step(self, seconds):
-        """After each of the run's first steps (timed one by one: ``StepClock.first_seconds``)."""
+    def first_step(self, seconds):  # after each of the run's first steps (``StepClock.first_seconds``)
         return ["step_time = {:.4f}".format(seconds)] if self.entry == "resnet50" else []
 
     def trained(self, stats):
@@ -230,9 +194,8 @@ class ZooLines:
                                                              stats.timed_seconds / stats.timed_steps)]
 
     def validated(self, acc1, acc5):
-        if self.entry != "shufflenetv2":
-            return []
-        return ["{}[AVG-ACC] * Acc@1 {:.3f} Acc@5 {:.3f}".format(self.prefix, acc1, acc5)]
+        return ["{}[AVG-ACC] * Acc@1 {:.3f} Acc@5 {:.3f}".format(self.prefix, acc1, acc5)] \
+            if self.entry == "shufflenetv2" else []
 
 
 def correct_counts(output, target, mask=None):
@@ -250,22 +213,20 @@ class Sums:
     """Device-resident [loss_sum, correct1, correct5, count] with interval bookkeeping."""
 
     def __init__(self, device):
-        self.device = device
-        self.total = device.move(torch.zeros(4, dtype=torch.float32))
+        self.device, self.total = device, device.move(torch.zeros(4, dtype=torch.float32))
         self._seen = [0.0, 0.0, 0.0, 0.0]
 
     def add(self, loss_sum, c1, c5, n):
         self.total += torch.stack([loss_sum.detach().float().reshape(()), c1.float(), c5.float(),
                                    n.float() if torch.is_tensor(n) else torch.full((), float(n), device=c1.device)])
 
-    def seen(self):
-        """The totals at the last read (where the next interval starts)."""
+    def seen(self):  # the totals at the last read (where the next interval starts)
         return list(self._seen)
 
     def state(self, seen=None, rank=0, world=1, reduce_fn=None):
-        """What a mid-epoch checkpoint keeps: every process's totals, one row per rank (``reduce_fn`` sums the rows
-        each process filled with its own: every process calls this; a sync), and the interval's start (``seen``:
-        another start, the one before a read that the resumed loop does not repeat)."""
+        """What a mid-epoch checkpoint keeps: every process's totals, a row per rank (``reduce_fn`` sums the rows:
+        every process calls this; a sync), and the interval's start (``seen``: the one before a read that the
+        resumed loop does not repeat)."""
         rows = torch.zeros((world, 4), dtype=torch.float32, device=self.total.device)
         rows[rank] = self.total
         rows = rows if reduce_fn is None else reduce_fn(rows)
@@ -273,8 +234,8 @@ class Sums:
                 "seen": list(self._seen if seen is None else seen)}
 
     def restore(self, state, rank=0, world=1):
-        """``state`` back: this rank's own totals (so that the sums add as they would have); where the world
-        changed since, rank 0 holds them all."""
+        """``state`` back: this rank's own totals (the sums add as they would have), or rank 0 all of them where the
+        world changed since."""
         rows = state["totals"]
         mine = rows[rank] if len(rows) == world else [sum(c) for c in zip(*rows)] if rank == 0 else [0.0] * 4
         self.total = self.device.move(torch.tensor(mine, dtype=torch.float32))
@@ -289,17 +250,14 @@ class Sums:
         if names:
             t = torch.cat([t] + [extras[k].detach().reshape(-1).float().to(t.device) for k in names])
         values = [float(v) for v in t.tolist()]
-        now = values[:4]
-        delta = [a - b for a, b in zip(now, self._seen)]
+        now, delta = values[:4], [a - b for a, b in zip(values, self._seen)]
         self._seen = now
         if extras is None:
             return _as_metrics(delta), _as_metrics(now)
-        host = {k: v for k, v in extras.items() if not torch.is_tensor(v)}
-        at = 4
+        host, at = {k: v for k, v in extras.items() if not torch.is_tensor(v)}, 4
         for k in names:
             n = extras[k].numel()
-            host[k] = values[at] if n == 1 else values[at:at + n]
-            at += n
+            host[k], at = values[at] if n == 1 else values[at:at + n], at + n
         return _as_metrics(delta), _as_metrics(now), host
 
 
@@ -313,22 +271,14 @@ def _as_metrics(v):
 class Logger:
     """Rank 0 prints plain lines (greppable); other ranks prefix theirs with [rank N]."""
 
-    def __init__(self, rank=0, stream=None):
+    def __init__(self, rank=0):
         self.rank = rank
-        self.stream = stream
-
-    @property
-    def is_main(self):
-        return self.rank == 0
 
     def __call__(self, msg, all_ranks=False):
-        if self.rank != 0 and not all_ranks:
-            return
-        out = self.stream or sys.stdout
-        prefix = "" if self.rank == 0 else "[rank {}] ".format(self.rank)
-        for line in str(msg).splitlines() or [""]:
-            out.write(prefix + line + "\n")
-        out.flush()
+        if self.rank == 0 or all_ranks:
+            prefix = "" if self.rank == 0 else "[rank {}] ".format(self.rank)
+            sys.stdout.write("".join(prefix + line + "\n" for line in str(msg).splitlines() or [""]))
+            sys.stdout.flush()
 
     def warn(self, msg):
         self("warning: " + msg, all_ranks=True)
