@@ -147,6 +147,24 @@ def number(text):
     return float(text)  # raises when the grep found nothing
 
 
+def test_their_step_time_greps_read_a_step_of_10_s_or_more(tmp_path):
+    """A busy machine's (or a big model's) step of 10 s or more: the perf script's third word after 'Time ' is the
+    average, not the 'Data' that follows (pytorch/examples' format runs the number into its parenthesis there)."""
+    from trainer.record.metrics import LoopMeters, Span
+    for seconds in (0.25, 12.5, 123.25):
+        meters = LoopMeters(100, "Epoch: [0]")
+        meters.update(Span(1, seconds, 0.001, None), {"loss": 2.0, "acc1": 50.0, "acc5": 100.0},
+                      {"loss": 2.0, "acc1": 50.0, "acc5": 100.0})
+        line = meters.line(0)
+        assert "Time {:6.3f} (".format(seconds) in line and "Loss 2.0000e+00 (2.0000e+00)" in line, line
+        log = tmp_path / "train_{}.log".format(seconds)
+        log.write_text(line + "\n")
+        avg = grep("grep Epoch LOG | awk -F 'Time ' '{print $2}' | awk -F ' ' '{print $3}' | "
+                   "awk -F ')' '{print $1}' | tail -n 1", log)
+        val = grep("grep Epoch LOG | awk -F 'Time ' '{print $2}' | awk -F ' ' '{print $1}' | tail -n 1", log)
+        assert number(avg) == pytest.approx(seconds, abs=1e-3) and number(val) == pytest.approx(seconds, abs=1e-3)
+
+
 RESNET50 = ["--data", None, "--amp", "--world-size", "1", "--seed", "60", "-a", "resnet50", "-j", "0", "-b", "8",
             "--lr", "0.2", "-p", "1"] + SMALL
 

@@ -1,6 +1,7 @@
 """Meters, accuracy and the log lines.
 
-The printed lines keep pytorch/examples' formats byte for byte, because acceptance tooling greps them:
+The printed lines keep pytorch/examples' formats byte for byte, because acceptance tooling greps them (one exception:
+a Time or Data average of 10 s or more keeps its space after "(", which ModelZoo's scripts split on):
     Epoch: [0][ 10/500]\tTime  0.123 ( 0.150)\tData  0.001 ( 0.010)\tLoss 6.9078e+00 (6.9100e+00)\tAcc@1 ...
     Test: [ 10/196]\tTime ...
      *   Acc@1 75.123 Acc@5 92.456
@@ -54,7 +55,16 @@ class LoopMeters:
 
     def line(self, step):
         return "\t".join([self.prefix + self.batch_fmtstr.format(step)] + [
-            "{} {:{f}} ({:{f}})".format(name, *self.values[name], f=fmt) for name, fmt in self.columns])
+            self._field(name, fmt, *self.values[name]) for name, fmt in self.columns])
+
+    @staticmethod
+    def _field(name, fmt, val, avg):
+        """``Time  0.123 ( 0.150)``; a time of 10 s or more keeps the space after "(" (``Time 12.345 ( 12.345)``):
+        ModelZoo's scripts split the Time field on spaces and read the average as the third word."""
+        average = "{:{f}}".format(avg, f=fmt)
+        if name in ("Time", "Data") and not average.startswith(" "):
+            average = " " + average
+        return "{} {:{f}} ({})".format(name, val, average, f=fmt)
 
 
 # The steps between two print points: how many, their wall time, the part spent waiting for data, and (steps,
