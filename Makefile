@@ -25,8 +25,11 @@ CLIENT_TESTS := -m "clients and not graph and not ranks and not slurm and not do
 BENCH_TESTS  := -m "bench and not graph and not ranks and not slurm and not double"
 # the porting tools' runs (marker "tools"): the device battery, ONNX export, op inventory, precision comparison
 TOOLS_TESTS  := -m "tools and not graph and not ranks and not slurm and not double"
+# the second stack's lanes run only the tests whose outcome can depend on torch (marker "stack", tests/README.md):
+# test-compat holds what make test, test-clients, test-bench and test-tools run on the pinned stack
+COMPAT_TESTS := -m "not graph and not ranks and not slurm and not double" --stack-only
 
-.PHONY: install install-compat test test-clients test-clients-compat test-bench test-bench-compat test-tools test-tools-compat test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat demo lint clean-demo check-device
+.PHONY: install install-compat test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat stress ci demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -56,22 +59,13 @@ test: install
 test-clients: install
 	$(PY) -m pytest $(CLIENT_TESTS) $(PYTEST_ARGS)
 
-test-clients-compat: install-compat
-	$(PY_COMPAT) -m pytest $(CLIENT_TESTS) $(PYTEST_ARGS)
-
 # the benchmark scripts' smoke runs (bench/)
 test-bench: install
 	$(PY) -m pytest $(BENCH_TESTS) $(PYTEST_ARGS)
 
-test-bench-compat: install-compat
-	$(PY_COMPAT) -m pytest $(BENCH_TESTS) $(PYTEST_ARGS)
-
 # the porting tools (tools/): the check-device battery on the CPU, ONNX export, op report, precision comparison
 test-tools: install
 	$(PY) -m pytest $(TOOLS_TESTS) $(PYTEST_ARGS)
-
-test-tools-compat: install-compat
-	$(PY_COMPAT) -m pytest $(TOOLS_TESTS) $(PYTEST_ARGS)
 
 # the jobs of several ranks (spawn, torchrun, nodes, Ctrl-C, killed ranks) on the pinned stack
 test-ranks: install
@@ -88,20 +82,20 @@ test-slurm: install
 	. "$${SLURM_LOCAL_STATE:-/tmp/slurm-local}/env" && $(PY) -m pytest -m slurm -q -rs --durations=5 tests/test_slurm.py \
 	  tests/test_slurm_local.py; rc=$$?; ./tools/slurm_local.sh stop; exit $$rc
 
-# the whole suite again on torch 2.1.0 (requirements-compat.txt), in the same three lanes; a test that needs a
-# newer torch skips with its reason (-rs lists them)
+# torch 2.1.0 (requirements-compat.txt): the tests marked "stack" of every lane but Slurm's, in four lanes; a test
+# that needs a newer torch skips with its reason (-rs lists them)
 test-compat: install-compat
-	$(PY_COMPAT) -m pytest $(MAIN_TESTS) $(PYTEST_ARGS)
+	$(PY_COMPAT) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
 
 test-ranks-compat: install-compat
-	$(PY_COMPAT) -m pytest $(RANKS_TESTS) $(PYTEST_ARGS)
+	$(PY_COMPAT) -m pytest $(RANKS_TESTS) --stack-only $(PYTEST_ARGS)
 
 # graph mode (--compile): tests/test_graph.py on the pinned stack, then on torch 2.1.0
 test-graph: install
 	$(PY) -m pytest $(GRAPH_TESTS) $(PYTEST_ARGS)
 
 test-graph-compat: install-compat
-	$(PY_COMPAT) -m pytest $(GRAPH_TESTS) $(PYTEST_ARGS)
+	$(PY_COMPAT) -m pytest $(GRAPH_TESTS) --stack-only $(PYTEST_ARGS)
 
 # main.py's NPU ways to run, trained end to end on the torch_npu double (tests/fake_npu: tensors on npu:N with
 # host data), on the pinned stack, then on torch 2.1.0
@@ -109,7 +103,18 @@ test-npu: install
 	$(PY) -m pytest $(DOUBLE_TESTS) $(PYTEST_ARGS)
 
 test-npu-compat: install-compat
-	$(PY_COMPAT) -m pytest $(DOUBLE_TESTS) $(PYTEST_ARGS)
+	$(PY_COMPAT) -m pytest $(DOUBLE_TESTS) --stack-only $(PYTEST_ARGS)
+
+# every lane in CI's order, each timed with its five slowest tests (.ci/lanes.py; .ci/run calls it)
+ci:
+	$(PYTHON) .ci/lanes.py
+
+# a lane or a test again and again, counting how often it passes: make stress LANE=test-ranks N=20, or
+# make stress TEST=tests/test_stop.py::test_x N=20 (on the pinned stack)
+N ?= 10
+stress:
+	@test -n "$(LANE)$(TEST)" || { echo "error: name a lane or a test: make stress LANE=test-ranks N=20, or make stress TEST=tests/test_stop.py::test_x N=20" >&2; exit 2; }
+	$(if $(TEST),$(MAKE) --no-print-directory install && ,)$(PYTHON) .ci/lanes.py stress $(or $(LANE),$(TEST)) $(N)
 
 # What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
 # check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.

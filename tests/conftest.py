@@ -93,10 +93,42 @@ def npu_double():
         pytest.skip(why)
 
 
+# Which stacks a test runs on (tests/README.md, "One stack or every stack"): every test module declares one of the
+# two in its pytestmark, and a test that differs from its module carries the other (the closest one counts).
+# STACK: its outcome can depend on the torch it runs on (an API, a dtype or autocast rule, DDP, serialization, the
+# double's kernels, compiling, ONNX export): every stack's lanes run it. ONCE: the project's own logic (flags, plans,
+# errors, records, docs, shell drivers' parsing): the pinned stack's lanes run it, the other stacks' skip it.
+STACK = pytest.mark.stack
+ONCE = pytest.mark.once
+
+
+def stack_marker(item):
+    """"stack" or "once": the closest of the two markers on ``item``, or None where neither is declared."""
+    for mark in item.iter_markers():
+        if mark.name in ("stack", "once"):
+            return mark.name
+    return None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--stack-only", action="store_true",
+                     help="run only the tests marked stack (a second torch's lanes: make test-compat and the others)")
+
+
 def pytest_collection_modifyitems(config, items):
+    undeclared = sorted({item.nodeid.split("::")[0] for item in items if stack_marker(item) is None})
+    if undeclared:
+        raise pytest.UsageError("{} declare(s) neither conftest.STACK nor conftest.ONCE: add one to the module's "
+                                "pytestmark (tests/README.md, \"One stack or every stack\")".format(
+                                    ", ".join(undeclared)))
     for item in items:
         if any(m.args == ("ranks",) for m in item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.ranks)
+    if config.getoption("--stack-only"):
+        once = [item for item in items if stack_marker(item) == "once"]
+        if once:
+            config.hook.pytest_deselected(items=once)
+            items[:] = [item for item in items if stack_marker(item) != "once"]
 
 SMALL = ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-j", "0", "-p", "5"]
 

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import PY, ROOT, SMALL, THREADS, assert_one_line_error, read_summary, run_main, trained
+from conftest import ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, read_summary, run_main, trained
 
-pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
+pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(300)]
 
 MSPROBE = importlib.util.find_spec("msprobe") is not None
 needs_msprobe = pytest.mark.skipif(not MSPROBE, reason="msprobe (pip install mindstudio-probe==26.2.0) is not "
@@ -124,6 +124,7 @@ def test_precision_dump_user_errors_are_one_line(shapes, runs, tmp_path):
     assert not os.path.exists(str(tmp_path / "o"))
 
 
+@ONCE
 def test_precision_dump_without_msprobe_names_the_install(shapes, tmp_path):
     hide = tmp_path / "hide"
     hide.mkdir()
@@ -134,6 +135,7 @@ def test_precision_dump_without_msprobe_names_the_install(shapes, tmp_path):
     assert not os.path.exists(str(tmp_path / "d"))
 
 
+@ONCE
 def test_align_bad_input_is_one_line(tmp_path):
     assert_one_line_error(align("compare", tmp_path / "none", tmp_path), "GOLDEN", "is not a folder")
     (tmp_path / "empty").mkdir()

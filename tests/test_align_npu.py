@@ -4,11 +4,11 @@ tools.align compare) finds nothing over its thresholds, and names the one module
 (FAKE_NPU_DEFECT=addmm: resnet18's fc) first, exit 1. In one process and in jobs of two ranks."""
 import pytest
 
-from conftest import DOUBLE, RANKS, run_main
+from conftest import DOUBLE, RANKS, STACK, run_main
 from test_align import MSPROBE, RUN, align
 from test_npu_double import double, fake_env  # noqa: F401 (fixture)
 
-pytestmark = [DOUBLE, pytest.mark.timeout(420), pytest.mark.usefixtures("double"),
+pytestmark = [STACK, DOUBLE, pytest.mark.timeout(420), pytest.mark.usefixtures("double"),
               pytest.mark.skipif(not MSPROBE, reason="msprobe (pip install mindstudio-probe==26.2.0) is not "
                                                      "installed in this environment")]
 ALIGN = [a for a in RUN if a not in ("--device", "cpu")] + ["--max-steps-per-epoch", "2", "--dump-steps", "0"]

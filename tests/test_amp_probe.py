@@ -9,14 +9,14 @@ import os
 import pytest
 import torch
 
-from conftest import RANKS, SMALL, read_summary, run_main
+from conftest import ONCE, RANKS, SMALL, STACK, read_summary, run_main
 from trainer.precision import amp_probe
 from trainer import run as runmod
 from trainer.config import parse_config
 from trainer.device import Device
 from trainer.device import host as hostmod
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [ONCE, pytest.mark.timeout(300)]
 
 CPU = Device("cpu", None)
 TINY = ["-a", "tiny_cnn", "--device", "cpu", "-b", "8", "--epochs", "1", "--max-steps-per-epoch", "2",
@@ -49,6 +49,7 @@ def native_bf16(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
+@STACK
 @pytest.mark.parametrize("bf16_faster", [False, True])
 def test_amp_trains_in_the_dtype_the_probe_measured_faster(shapes, tmp_path, capsys, native_bf16, bf16_faster):
     calls = []
@@ -137,6 +138,7 @@ def tiny():
 SHAPE = {"arch": "tiny", "size": 16, "batch": 4, "channels_last": True, "backward": True}
 
 
+@STACK
 def test_the_probe_leaves_the_model_and_the_rng_as_they_were():
     model = tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -199,6 +201,7 @@ def test_time_steps_warms_up_then_interleaves_and_keeps_each_fastest_step():
     assert best == {"float32": 1.0, "bfloat16": 1.0}  # one tick per step on this clock
 
 
+@STACK
 def test_a_cpu_run_with_amp_records_its_measurement(shapes, tmp_path):
     """main.py as users run it, on this machine's CPU: whatever the verdict, the run trained in it and said why."""
     proc = run_main([shapes, "--amp", "--output-dir", str(tmp_path / "run")] + TINY,
@@ -211,6 +214,7 @@ def test_a_cpu_run_with_amp_records_its_measurement(shapes, tmp_path):
         assert amp["dtype"] == amp["probe"]["choice"] and "note: --amp: bfloat16 autocast measured" in proc.stdout
 
 
+@STACK
 @RANKS
 def test_every_rank_trains_in_rank_0s_verdict(shapes, tmp_path):
     """Two processes: rank 0 measures (this CPU's real verdict, or float32 by the flags) and both ranks train in

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import main as entry
-from conftest import PY, ROOT, SMALL, THREADS, assert_call_error, assert_one_line_error, run_main
+from conftest import ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_call_error, assert_one_line_error, run_main
+
+pytestmark = ONCE
 
 
 def check(argv, capsys, *fragments):
@@ -119,6 +121,7 @@ def test_missing_resume(capsys, tmp_path):
           "does not exist")
 
 
+@STACK
 def test_garbage_resume_is_reported_and_kept(capsys, tmp_path):
     junk = tmp_path / "junk.pth.tar"
     junk.write_bytes(b"this is not a checkpoint")
@@ -127,6 +130,7 @@ def test_garbage_resume_is_reported_and_kept(capsys, tmp_path):
     assert junk.read_bytes() == b"this is not a checkpoint"
 
 
+@STACK
 def test_resume_of_other_arch(capsys, tmp_path):
     import torchvision
     path = tmp_path / "r18.pth.tar"
@@ -135,6 +139,7 @@ def test_resume_of_other_arch(capsys, tmp_path):
           "checkpoint of --arch resnet18, not resnet50")
 
 
+@STACK
 def test_weights_file_as_resume(capsys, tmp_path):
     import torchvision
     path = tmp_path / "w.pth"
@@ -143,6 +148,7 @@ def test_weights_file_as_resume(capsys, tmp_path):
           "weights file, not a training checkpoint", "--pretrained")
 
 
+@STACK
 def test_pretrained_that_does_not_fit(capsys, tmp_path, shapes):
     import torchvision
     path = tmp_path / "w.pth"
@@ -208,6 +214,7 @@ def test_help_and_plain_bad_values_answer_without_importing_torch(tmp_path):
     assert got == {"code": 2, "torch": False, "torchvision": False} and "--rank_size" in err
 
 
+@STACK
 def test_a_run_of_this_projects_model_does_not_import_torchvision(shapes, tmp_path):
     """tiny_cnn (and the _npu variants) with the CPU data backend need nothing of torchvision, whose import
     costs seconds in every process."""

@@ -4,10 +4,10 @@ import threading
 
 import pytest
 
-from conftest import CPU_FLOAT16, assert_one_line_error, run_tool
+from conftest import CPU_FLOAT16, ONCE, STACK, assert_one_line_error, run_tool
 from tools import check_device
 
-pytestmark = [pytest.mark.tools, pytest.mark.timeout(400)]  # make test-tools
+pytestmark = [STACK, pytest.mark.tools, pytest.mark.timeout(400)]  # make test-tools
 
 
 def test_small_battery_passes_on_cpu_and_writes_json(tmp_path):
@@ -24,6 +24,7 @@ def test_small_battery_passes_on_cpu_and_writes_json(tmp_path):
     assert "4 of 4 checks passed" in proc.stdout
 
 
+@ONCE
 def test_a_failing_check_is_a_fail_row_and_exit_1(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(check_device, "overflow_contract", lambda device, prec, fused: ("momentum changed", "X"))
     out = tmp_path / "r.json"
@@ -35,6 +36,7 @@ def test_a_failing_check_is_a_fail_row_and_exit_1(tmp_path, monkeypatch, capsys)
     assert "FAIL" in capsys.readouterr().out
 
 
+@ONCE
 @pytest.mark.parametrize("args,fragment", [(["--only", "contract,bogus"], "unknown check 'bogus'"),
                                            (["--json", "/no/such/dir/x.json"], "does not exist")])
 def test_bad_arguments(args, fragment):
@@ -90,6 +92,7 @@ def test_backends_check_trains_from_both_data_backends_with_batched_crops_on_cpu
     assert "Acc@1 gap" in row["detail"]
 
 
+@ONCE
 def test_backends_alike_needs_both_runs_trained_and_close():
     good = {"losses": [2.3, 1.2], "acc1": 60.0, "acc1_gpu": 59.0}
     other = {"losses": [2.3, 1.3], "acc1": 52.0, "acc1_cpu": 53.5}
@@ -117,6 +120,7 @@ def test_train_fp16_is_a_skip_row_with_its_reason_where_the_torch_cannot_run_it(
     assert "0 of 1 checks passed (1 skipped" in proc.stdout
 
 
+@ONCE
 def test_the_data_sections_device_backend_choices_reach_its_loader_spec(tmp_path):
     """check_device's --decode-ahead and its batched crops reach a main.py run in its process through the config's
     data section (DataConfig.decode_ahead / batched_crops -> LoaderSpec), with no device class or table changed."""

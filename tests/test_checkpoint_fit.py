@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from conftest import SMALL, assert_one_line_error, dataset, read_summary, run_main
+from conftest import SMALL, STACK, assert_one_line_error, dataset, read_summary, run_main
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [STACK, pytest.mark.timeout(300)]
 
 BASE = ["-a", "resnet18", "--device", "cpu", "-b", "8", "--max-steps-per-epoch", "2"] + SMALL
 

@@ -9,10 +9,10 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, read_summary, run_main
+from conftest import PY, ROOT, SMALL, STACK, read_summary, run_main
 from trainer.record import checkpoint
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [STACK, pytest.mark.timeout(300)]
 
 
 def test_a_file_is_loaded_once_until_released_and_travels_empty(tmp_path):

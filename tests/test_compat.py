@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ONCE, ROOT
+
+pytestmark = ONCE
 
 TOPS = ("main.py", "trainer", "models", "modelzoo", "tools", "bench")
 SOURCES = []

@@ -5,11 +5,12 @@ import os
 
 import pytest
 
+from conftest import ONCE
 from trainer import flags, options
 from trainer.config import Config, parse_config
 from trainer.errors import UsageError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [ONCE, pytest.mark.timeout(60)]
 
 SECTIONS = [f.name for f in dataclasses.fields(Config)]
 

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, SMALL, free_port, read_summary
+from conftest import PY, RANKS, ROOT, SMALL, STACK, free_port, read_summary
 
-pytestmark = [RANKS, pytest.mark.timeout(300)]
+pytestmark = [STACK, RANKS, pytest.mark.timeout(300)]
 
 STEP = ["-a", "tiny_cnn", "--device", "cpu", "-b", "8", "--epochs", "1", "--max-steps-per-epoch", "2",
         "--no-validate", "--seed", "0", "--dist-timeout", "120"] + SMALL

@@ -4,8 +4,11 @@ import os
 import pytest
 import torch
 
+from conftest import ONCE, STACK
 from trainer import data
 from trainer.errors import DataError
+
+pytestmark = ONCE
 
 
 @pytest.mark.parametrize("n", [1, 10, 23, 37, 100])
@@ -58,6 +61,7 @@ def test_epoch_sampler_hands_out_the_epochs_size_with_the_same_order_and_seeds()
     assert crop.at(None) is crop and crop.at(32) is crop and crop.at(64).size == 64 and crop.at(64) is crop.at(64)
 
 
+@STACK
 def test_seeded_augmentation_is_independent_of_worker_count(shapes):
     classes = data.find_classes(os.path.join(shapes, "train"))
     samples = data.scan_train(os.path.join(shapes, "train"), classes)[:12]

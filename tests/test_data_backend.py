@@ -9,13 +9,13 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import SMALL, assert_one_line_error, read_summary, run_main
+from conftest import ONCE, SMALL, STACK, assert_one_line_error, read_summary, run_main
 from tools.make_dataset import generate
 from trainer import data
 from trainer.config import DataConfig
 from trainer.device import Device
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [STACK, pytest.mark.timeout(180)]
 
 CPU = Device.create("cpu")
 
@@ -45,6 +45,7 @@ def photos(tmp_path_factory):
     return generate(root, classes=2, train_per_class=12, val_per_class=5, photos=True, seed=3)
 
 
+@ONCE
 def test_photos_are_imagenet_sized_jpegs(photos):
     sizes = []
     for dirpath, _, files in os.walk(photos):
@@ -157,6 +158,7 @@ class _DecoderFault(Exception):
     pass
 
 
+@ONCE
 def test_device_backend_error_in_the_next_batch_reaches_the_caller_as_raised(photos):
     def spy(real, raws):
         if spy.calls == 1:
@@ -309,6 +311,7 @@ def test_channels_last_collate_and_normalizer_match_the_nchw_path():
     assert data.Normalizer(CPU, channels_last=False)(cl[0]).is_contiguous()
 
 
+@ONCE
 def test_draft_mode_decodes_a_small_crop_of_a_big_jpeg_at_reduced_size(tmp_path):
     path = str(tmp_path / "big.JPEG")
     Image.fromarray(np.full((800, 1000, 3), 128, dtype=np.uint8)).save(path, quality=90)
@@ -361,6 +364,7 @@ class _RecordingDevice:
         return recorded
 
 
+@ONCE
 def test_device_backend_decodes_a_batch_before_it_transfers_the_worker_decoded_images(tmp_path):
     """CUDA's decoder writes from a stream that does not wait for the data stream, so each batch's decode comes
     before anything queued there that could still read memory freed for it (the fallback images' transfer)."""
@@ -394,6 +398,7 @@ def test_validation_counts_every_image_once(tmp_path):
     s = read_summary(tmp_path / "o", "eval_summary.json")
     assert s["val_images"] == 21  # 3 batches of 8, the last padded with 3 images that count nowhere
 
+@ONCE
 def test_workers_default_from_the_cores_and_are_reported(tmp_path):
     """No -j: the device's default per process (a CPU here), in the log line and summary.json."""
     from trainer.device import Device

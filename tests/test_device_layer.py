@@ -4,13 +4,13 @@ import os
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ONCE, ROOT
 from trainer import device as devmod
 from trainer.device import Device, KINDS
 from trainer.device.base import Device as BaseDevice
 from trainer.errors import UsageError
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [ONCE, pytest.mark.timeout(60)]
 
 PACKAGE = os.path.join(ROOT, "trainer", "device")
 

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from conftest import (PY, RANKS, ROOT, SMALL, assert_one_line, assert_one_line_error, free_port, gone, read_lines,
-                      read_summary, run_main)
+from conftest import (PY, RANKS, ROOT, SMALL, STACK, assert_one_line, assert_one_line_error, free_port, gone,
+                      read_lines, read_summary, run_main)
 
-pytestmark = RANKS
+pytestmark = [STACK, RANKS]
 
 # one optimizer step of a BN-free model, then a full validation pass
 STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "8", "--lr", "0.1",

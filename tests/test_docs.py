@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 
-from conftest import PY, ROOT
+from conftest import ONCE, PY, ROOT
 from trainer.device import runtime
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [ONCE, pytest.mark.timeout(300)]
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 DRIVERS = {"train_full_1p.sh": ("full", "1p"), "train_full_8p.sh": ("full", "8p"), "train_full_16p.sh": ("full", "16p"),

@@ -15,10 +15,12 @@ import time
 
 import pytest
 
-from conftest import (DOUBLE, PY, RANKS, ROOT, SMALL, assert_one_line_error, dataset, gone, read_lines, read_summary,
-                      trained)
+from conftest import (DOUBLE, ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, dataset, gone, read_lines,
+                      read_summary, trained)
 from modelzoo import acceptance
 from trainer.device import cpu_native_bf16
+
+pytestmark = ONCE
 
 SCRIPTS = ("train_full_1p.sh", "train_full_8p.sh", "train_performance_1p.sh", "train_performance_8p.sh",
            "train_full_16p.sh", "train_performance_16p.sh", "train_cluster.sh")
@@ -229,6 +231,7 @@ def start_8p_two_ranks(data, out, epochs, extra=()):
                                              "--workers=0", "--output_dir=" + str(out)] + TINY_IMAGES + list(extra))
 
 
+@STACK
 @RANKS
 def test_8p_rank_killed_stops_the_others_and_names_it(imagenet_small, tmp_path):
     out = tmp_path / "killed"
@@ -257,6 +260,7 @@ def test_rank_usage_error_exits_2_with_its_message(imagenet_small, tmp_path):
                        "unrecognized arguments: --no-such-flag", "log: {}".format(out / "train_0.log"))
 
 
+@STACK
 @RANKS
 def test_ctrl_c_stops_every_rank(imagenet_small, tmp_path):
     out = tmp_path / "interrupted"
@@ -274,6 +278,7 @@ def test_ctrl_c_stops_every_rank(imagenet_small, tmp_path):
     assert all(gone(p) for p in pids)
 
 
+@STACK
 @RANKS
 def test_ranks_end_with_their_killed_driver(imagenet_small, tmp_path):
     out = tmp_path / "driver_killed"
@@ -305,6 +310,7 @@ def fake_npu_env(calls):
                        "FAKE_NPU_CALL_LOG": str(calls)})
 
 
+@STACK
 @DOUBLE
 def test_npu_1p_uses_device_id_and_apex_at_the_recipe_level(npu_double, imagenet_small, tmp_path):
     """auto finds the NPU and apex: the recipe's O2 becomes apex O2, --device_id becomes --gpu; the run trains on
@@ -329,6 +335,7 @@ def test_npu_1p_uses_device_id_and_apex_at_the_recipe_level(npu_double, imagenet
     assert os.path.isfile(str(out / "resnet50_bs8_1p_perf.log"))
 
 
+@STACK
 @DOUBLE
 @RANKS
 def test_npu_8p_device_list_maps_ranks_to_devices(npu_double, imagenet_small, tmp_path):
@@ -759,6 +766,7 @@ def test_the_modules_run_from_the_repository_root_without_the_project_installed(
 # ---------------------------------------------------------------- one recipe engine
 
 
+@STACK
 @RANKS
 def test_driver_and_main_recipe_resolve_alike_and_train_the_same_weights(imagenet_small, tmp_path):
     """train_full_8p.sh --rank_size=2 and main.py --recipe ..._8p on 2 spawned processes: one rule adapts the

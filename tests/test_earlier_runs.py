@@ -11,11 +11,12 @@ import subprocess
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, SMALL, child_env, dataset, finish, free_port, read_lines, read_summary, run_main
+from conftest import (ONCE, PY, RANKS, ROOT, SMALL, child_env, dataset, finish, free_port, read_lines, read_summary,
+                      run_main)
 from test_drivers import TINY_IMAGES, driver_env, run_driver
 from trainer.record.earlier import EARLIER, KEEP_EARLIER_RUNS
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [ONCE, pytest.mark.timeout(400)]
 
 RUN = ["-a", "tiny_cnn", "--epochs", "1", "-b", "8", "--lr", "0.05", "--seed", "0", "--device", "cpu"] + SMALL
 

@@ -24,9 +24,9 @@ import sys
 
 import pytest
 
-from conftest import PY, ROOT
+from conftest import ONCE, PY, ROOT
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [ONCE, pytest.mark.timeout(300)]
 
 EXAMPLES = os.path.join(ROOT, "examples")
 FAKE_NPU = os.path.join(ROOT, "tests", "fake_npu")

@@ -8,13 +8,13 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import (DOUBLE, FAKE_NPU, RANKS, ROOT, SMALL, assert_one_line_error, read_checkpoint, read_summary,
-                      run_main, trained)
+from conftest import (DOUBLE, FAKE_NPU, ONCE, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_checkpoint,
+                      read_summary, run_main, trained)
 from trainer.device import torch_load
 from trainer.record.summary import EVAL_SUMMARY
 from trainer.optim.schedule import Schedule
 
-pytestmark = [pytest.mark.clients, pytest.mark.timeout(240)]
+pytestmark = [ONCE, pytest.mark.clients, pytest.mark.timeout(240)]
 
 TINY = ["-a", "tiny_cnn", "--epochs", "1"] + SMALL  # a quick run on 32x32 images
 
@@ -117,6 +117,7 @@ def test_no_accel_with_an_accelerator_device_is_one_error(shapes, tmp_path, devi
     assert os.listdir(str(tmp_path)) == []
 
 
+@STACK
 @DOUBLE
 def test_no_accel_passes_over_an_npu(shapes, tmp_path, npu_double):
     """On the torch_npu double (an NPU present): auto trains on npu:0, --no-accel on the CPU."""
@@ -162,6 +163,7 @@ def ours_at_30(shapes, tmp_path_factory):
     return out
 
 
+@STACK
 def test_examples_resume_loads_our_checkpoint(ours_at_30):
     path = os.path.join(str(ours_at_30), "checkpoint.pth.tar")
     start_epoch, best_acc1, model, optimizer, scheduler = examples_resume(path)
@@ -182,6 +184,7 @@ def test_examples_resume_loads_our_checkpoint(ours_at_30):
         assert torch.equal(v, ckpt["state_dict"][k]), k
 
 
+@STACK
 def test_our_checkpoint_loads_with_weights_only(ours_at_30):
     """Everything in our files is plain data and tensors: torch.load(path, weights_only=True), torch >= 2.6's
     default, reads them."""
@@ -209,6 +212,7 @@ def examples_checkpoint(path, prefix):
     return model.state_dict()
 
 
+@STACK
 @pytest.mark.parametrize("prefix", ["module.", ""], ids=["ddp", "bare"])
 def test_ours_resumes_and_evaluates_examples_checkpoint(shapes, tmp_path, prefix):
     path = str(tmp_path / "checkpoint.pth.tar")
@@ -227,6 +231,7 @@ def test_ours_resumes_and_evaluates_examples_checkpoint(shapes, tmp_path, prefix
     assert e["status"] == "ok" and e["checkpoint"] == path
 
 
+@STACK
 def test_examples_checkpoint_of_another_class_count_is_one_error(shapes, tmp_path):
     """examples' models have 1000 classes; on the 10 class folders here, without --num-classes 1000, one line
     naming the flag."""

@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, free_port, read_lines, read_summary
+from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, child_env, finish, free_port, read_lines, read_summary
 from trainer.job.ranks import Ranks
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [STACK, pytest.mark.timeout(300)]
 
 # a long run of a BN-free model, a line per step: each test stops it early
 LONG = ["-a", "tiny_cnn", "--epochs", "100", "-b", "4", "--lr", "0.1", "--seed", "11", "--device", "cpu",
@@ -166,6 +166,7 @@ def test_a_spawned_ranks_own_broken_pipe_reaches_the_user_as_its_traceback(shape
     assert "a peer" not in err
 
 
+@ONCE
 def test_the_supervisor_blames_the_rank_with_the_traceback_over_the_one_that_named_it():
     """Spawn's and the drivers' supervisor (stand-in ranks: sh): rank 0 exits first with a line naming rank 1's
     failure, rank 1 then with its traceback (its own error): rank 1 is the one to blame, whose traceback the user

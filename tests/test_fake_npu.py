@@ -20,7 +20,9 @@ import traceback
 
 import pytest
 
-from conftest import RANKS
+from conftest import ONCE, RANKS, STACK
+
+pytestmark = STACK
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_DIR = os.path.join(HERE, "fake_npu")
@@ -728,6 +730,7 @@ def test_fake(name):
     assert result == "ok", result
 
 
+@ONCE
 def test_fakes_are_not_importable_by_default():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     code = ("import importlib.util, os, sys\n"

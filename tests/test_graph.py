@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import models
-from conftest import PY, RANKS, ROOT, SMALL, call, needs_cpu_float16, read_summary, run_main
+from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, call, needs_cpu_float16, read_summary, run_main
 from trainer.precision import amp as ampmod
 from trainer import graph, optim
 from trainer.config import ModelConfig, OptimConfig, PrecisionConfig, parse_config
@@ -17,7 +17,7 @@ from trainer.plan import plan
 from trainer.device import Device, host
 from trainer.errors import UsageError
 
-pytestmark = [pytest.mark.graph, pytest.mark.timeout(600),
+pytestmark = [STACK, pytest.mark.graph, pytest.mark.timeout(600),
               pytest.mark.skipif(Device("cpu", None).compile_missing() is not None,
                                  reason=str(Device("cpu", None).compile_missing()))]
 
@@ -180,6 +180,7 @@ def test_a_compiled_float16_step_skips_an_overflow_and_then_equals_eager():
         torch.testing.assert_close(b.detach(), a.detach(), rtol=1e-3, atol=1e-4)
 
 
+@ONCE
 def test_compile_mode_needs_compile():
     with pytest.raises(UsageError, match="--compile-mode max-autotune needs --compile"):
         parse_config(["--dummy", "--compile-mode", "max-autotune"], env={})

@@ -8,11 +8,11 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
+from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_summary, run_main
 from trainer import config
 from trainer.plan import plan
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [ONCE, pytest.mark.timeout(300)]
 
 FAKE_NPU = os.path.join(ROOT, "tests", "fake_npu")  # the test-only fake Ascend stack (tests/fake_npu/README.md)
 
@@ -73,6 +73,7 @@ def test_another_devices_backend_is_replaced_by_this_devices_own_with_a_note():
     assert planned(["--dummy", "--device", "cpu", "--dist-backend", "gloo"])[0].launch.dist_backend == "gloo"
 
 
+@STACK
 @RANKS
 def test_the_guides_launch_py_command_with_hccl_trains_on_cpu(tmp_path):
     """000 "Python命令启动方式": python3 -m torch.distributed.launch --nproc_per_node N main.py DIR
@@ -94,6 +95,7 @@ def test_the_guides_launch_py_command_with_hccl_trains_on_cpu(tmp_path):
     assert "notes" not in s["config"]  # the config holds settings only
 
 
+@STACK
 def test_a_checkpoint_holding_python_objects_is_refused_in_our_words(tmp_path):
     path = tmp_path / "examples_style.pth.tar"  # e.g. a checkpoint that kept the argparse Namespace
     torch.save({"state_dict": torch.nn.Linear(2, 2).state_dict(), "args": argparse.Namespace(lr=0.1)}, str(path))
@@ -138,6 +140,7 @@ def _address_space(limit):
     return cap
 
 
+@STACK
 def test_out_of_memory_is_one_line_with_the_batch_and_the_fix_and_keeps_the_checkpoint(tmp_path):
     """001's FAQ: out of device memory, lower the batch. Here a real allocation failure: the run's address space
     capped at 4 GiB (enough for torch and the model, not for ResNet18's activations at 256 x 224 px)."""
@@ -187,6 +190,7 @@ def _published_file(torch_home, arch):
     return sd
 
 
+@STACK
 def test_bare_pretrained_loads_torchvisions_weights_from_its_cache_and_starts_a_new_classifier(shapes, tmp_path):
     """pytorch/examples' `main.py -a resnet18 --pretrained DIR` (its --pretrained takes no value), offline, with
     the file in TORCH_HOME; the data has 10 classes, the weights 1000."""
@@ -208,6 +212,7 @@ def test_bare_pretrained_for_a_model_torchvision_has_no_weights_for_is_one_line(
     assert_one_line_error(proc, "torchvision publishes no weights for -a tiny_cnn", "--pretrained FILE")
 
 
+@STACK
 def test_loss_alignment_against_a_reference_run_passes_alike_runs_and_fails_a_diverging_one(shapes, tmp_path):
     """001's precision chapter: train part of the epochs and align the loss with the reference (GPU) run's."""
     from conftest import run_tool

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import models
-from conftest import PY, ROOT, SMALL, assert_one_line_error, read_lines, read_summary, run_main
+from conftest import ONCE, PY, ROOT, SMALL, STACK, assert_one_line_error, read_lines, read_summary, run_main
 from trainer.record import lock
 from trainer.errors import UsageError
+
+pytestmark = ONCE
 
 RUN = ["-a", "tiny_cnn", "-b", "4", "--lr", "0.05", "--seed", "3", "--device", "cpu", "-p", "1",
        "--max-steps-per-epoch", "8", "--no-tensorboard"] + SMALL[:6] + ["-j", "0"]
@@ -110,6 +112,7 @@ def _guide_files(data, tmp_path):
     return path, weights, model
 
 
+@STACK
 @pytest.mark.timeout(240)
 def test_a_guide_checkpoint_resumes_and_its_weights_load(shapes, tmp_path):
     ckpt, weights, model = _guide_files(shapes, tmp_path)

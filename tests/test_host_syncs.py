@@ -9,9 +9,9 @@ import subprocess
 import pytest
 
 from bench import host_syncs
-from conftest import DOUBLE, PY, RANKS, ROOT
+from conftest import DOUBLE, PY, RANKS, ROOT, STACK
 
-pytestmark = [DOUBLE, pytest.mark.timeout(600)]
+pytestmark = [STACK, DOUBLE, pytest.mark.timeout(600)]
 
 STEPS, PRINT_FREQ = 7, 3  # print steps 0, 3, 6; --fps-warmup-steps 5 (the default): its window opens after step 4
 FIRST_STEPS, WARM = 2, 5

@@ -10,9 +10,9 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, assert_one_line_error, read_summary
+from conftest import ONCE, PY, ROOT, SMALL, assert_one_line_error, read_summary
 
-pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
+pytestmark = [ONCE, pytest.mark.clients, pytest.mark.timeout(300)]
 
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 

@@ -5,12 +5,12 @@ import socket
 
 import pytest
 
-from conftest import assert_one_line_error, run_main
+from conftest import ONCE, assert_one_line_error, run_main
 from trainer.job import clusters, rendezvous
 from trainer.config import parse_config
 from trainer.errors import UsageError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [ONCE, pytest.mark.timeout(120)]
 
 
 def _cfg(argv, env):

@@ -6,8 +6,9 @@ import ast
 import os
 
 import pytest
+from conftest import ONCE
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [ONCE, pytest.mark.timeout(60)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS = ("models", "trainer", "modelzoo", "tools")  # each may import the ones before it, never those after

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from conftest import PY, ROOT, gone
+from conftest import ONCE, PY, ROOT, STACK, gone
 
-pytestmark = [pytest.mark.timeout(120),
+pytestmark = [STACK, pytest.mark.timeout(120),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")]
 
 _KILLED_WITH_WORKERS = r"""
@@ -74,6 +74,7 @@ def test_a_process_killed_while_its_workers_start_leaves_none_behind(attempt):
     assert len(got["ended"]) == got["workers"], got
 
 
+@ONCE
 def test_a_process_whose_parent_is_gone_before_it_arms_the_signal_ends(tmp_path):
     survived = tmp_path / "survived"
     child = ("import os, sys, time, signal; sys.path.insert(0, {root!r}); from trainer.job import lifeline\n"

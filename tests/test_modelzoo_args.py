@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, assert_one_line_error, dataset
+from conftest import ONCE, PY, RANKS, ROOT, STACK, assert_one_line_error, dataset
 from modelzoo import drivers, plan
 from test_drivers import TINY_IMAGES, assert_case_log, assert_final_lines, driver_env, read_json, run_driver
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [ONCE, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +230,7 @@ def test_test_env_npu_sh_is_the_projects(tmp_path):
 # ---------------------------------------------------------------- real runs
 
 
+@STACK
 def test_modelzoo_switches_on_a_real_1p_run(data, tmp_path):
     """A performance run typed with ModelZoo's switches: the profiler records its window, the weights of an
     earlier run are the start (--ckpt_path), --learning_rate is the lr, the notes say what each switch did."""

@@ -8,13 +8,13 @@ import subprocess
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, THREADS, assert_one_line_error, read_summary
+from conftest import ONCE, PY, RANKS, ROOT, THREADS, assert_one_line_error, read_summary
 from trainer import config, zoo
 from trainer.job import launch, placement
 from trainer.errors import UsageError
 from trainer.optim.schedule import Schedule
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [ONCE, pytest.mark.timeout(300)]
 
 SMALL = ["--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32"]
 

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from conftest import DOUBLE, PY, RANKS, ROOT, SMALL, read_summary, run_main
+from conftest import DOUBLE, PY, RANKS, ROOT, SMALL, STACK, read_summary, run_main
 
-pytestmark = [DOUBLE, pytest.mark.timeout(600)]
+pytestmark = [STACK, DOUBLE, pytest.mark.timeout(600)]
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 # resnet18 on 32x32 shapes, a few steps at a small lr (its validation loss stays finite), float32, NCHW on both

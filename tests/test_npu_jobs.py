@@ -10,13 +10,13 @@ import subprocess
 
 import pytest
 
-from conftest import DOUBLE, PY, RANKS, ROOT, SMALL, dataset, finish, free_port, read_summary, run_main
+from conftest import DOUBLE, PY, RANKS, ROOT, SMALL, STACK, dataset, finish, free_port, read_summary, run_main
 from test_drivers import call_log, driver_env, pids_of, run_driver
 from test_modelzoo_entries import RESNET50, grep, number, start, zoo_env
 from test_npu_double import TRAIN, assert_same_run, fake_env
 from test_rank_tables import binding, launcher_env, write_table
 
-pytestmark = [DOUBLE, pytest.mark.timeout(300)]
+pytestmark = [STACK, DOUBLE, pytest.mark.timeout(300)]
 
 JOB = TRAIN + ["--dist-timeout", "120"]  # resnet18, 32 px, 4 steps of 16 images (test_npu_double.py)
 

@@ -8,7 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import PY, ROOT
+from conftest import PY, ROOT, STACK
+
+pytestmark = STACK
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 

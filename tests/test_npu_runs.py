@@ -13,10 +13,10 @@ import subprocess
 import pytest
 import torch
 
-from conftest import DOUBLE, PY, ROOT, child_env, finish, read_lines, read_summary, run_main
+from conftest import DOUBLE, PY, ROOT, STACK, child_env, finish, read_lines, read_summary, run_main
 from test_npu_double import COMPARED, TRAIN, assert_same_run, double, fake_env, first_loss  # noqa: F401 (fixture)
 
-pytestmark = [DOUBLE, pytest.mark.timeout(600)]
+pytestmark = [STACK, DOUBLE, pytest.mark.timeout(600)]
 
 _AT = TRAIN.index("--epochs") + 1
 TWO_EPOCHS = TRAIN[:_AT] + ["2"] + TRAIN[_AT + 1:]

@@ -10,11 +10,13 @@ import time
 
 import pytest
 
-from conftest import PY, RANKS, ROOT, SMALL, assert_one_line_error, read_summary, run_main
+from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_summary, run_main
 from trainer.job import affinity
 from trainer.job.ranks import SIGNAL_GRACE
 from trainer.device import runtime
 from trainer.device.npu import NpuDevice
+
+pytestmark = ONCE
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 BROKEN = os.path.join(FAKE, "broken")  # a torch_npu that raises the guide's "libhccl.so" ImportError
@@ -80,6 +82,7 @@ def probe(tmp_path, *flags, **env):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@STACK
 def test_a2_defaults_binary_kernels_no_internal_format_pinned_loaders(tmp_path):
     obs = probe(tmp_path)  # the fake names an Atlas A2 (Ascend910B1)
     s = obs["settings"]
@@ -99,6 +102,7 @@ def test_910a_keeps_torch_npus_compile_mode_and_the_internal_format(tmp_path):
     assert obs["calls"] == [["allow_internal_format", True]]  # set_compile_mode not called
 
 
+@STACK
 def test_each_flag_turns_its_setting_the_other_way(tmp_path):
     obs = probe(tmp_path, "--jit-compile", "on", "--internal-format", "on", "--pin-memory", "off")
     s = obs["settings"]
@@ -112,6 +116,7 @@ def test_cpu_affinity_conf_leaves_binding_to_torch_npu(tmp_path):
     assert obs["binding"]["by"] == "torch_npu (CPU_AFFINITY_CONF=2)" and obs["binding"]["cpus"] is None
 
 
+@STACK
 def test_torch_npu_without_profiler_profiles_through_autograd_use_npu(tmp_path):
     obs = probe(tmp_path, FAKE_NPU_LEGACY_PROFILER="1")
     assert obs["profile_calls"] == [["autograd.profiler.profile", {"use_npu": True}]]
@@ -219,6 +224,7 @@ LONG = ["-a", "tiny_cnn", "-b", "8", "--epochs", "50", "--seed", "0", "--cpu-bin
     [a for a in SMALL if a not in ("-j", "0")] + ["-j", "2"]
 
 
+@STACK
 @RANKS
 @needs_two_cores
 def test_spawn_binds_each_rank_and_its_workers(shapes, tmp_path):
@@ -230,6 +236,7 @@ def test_spawn_binds_each_rank_and_its_workers(shapes, tmp_path):
     assert affinity.format_cpulist(read_summary(tmp_path)["cpu_binding"]["cpus"]) == _slice(out, 0)
 
 
+@STACK
 @RANKS
 @needs_two_cores
 def test_torchrun_binds_each_rank_and_its_workers(shapes, tmp_path):
@@ -240,6 +247,7 @@ def test_torchrun_binds_each_rank_and_its_workers(shapes, tmp_path):
     _check_two_ranks(ranks, workers, out)
 
 
+@STACK
 @RANKS
 @needs_two_cores
 def test_modelzoo_8p_driver_ranks_bind_themselves(shapes, tmp_path):

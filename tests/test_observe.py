@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from conftest import CPU_FLOAT16, PY, ROOT, SMALL, THREADS, assert_one_line_error, read_summary, run_main, run_tool
+from conftest import (CPU_FLOAT16, ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, read_summary, run_main,
+                      run_tool)
 from trainer.record.observe import METRICS, read_records
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [ONCE, pytest.mark.timeout(240)]
 
 RUN = ["-a", "tiny_cnn", "-b", "20", "--lr", "0.05", "--seed", "4", "--device", "cpu"] + SMALL[:6] + ["-j", "0",
                                                                                                       "-p", "5"]
@@ -44,6 +45,7 @@ def resumed(shapes, tmp_path_factory):
     return out, first, second
 
 
+@STACK
 def test_event_files_cover_one_continuous_step_axis_across_resume(resumed):
     out, _, _ = resumed
     s = scalars(out)
@@ -134,6 +136,7 @@ def test_run_completes_without_tensorboard_with_one_note(shapes, tmp_path):
     assert off.returncode == 0 and not os.path.exists(str(tmp_path / "off" / "tensorboard"))
 
 
+@STACK
 def test_plot_runs_writes_a_png_and_rejects_a_folder_without_metrics(resumed, shapes, tmp_path):
     out, _, _ = resumed
     other = tmp_path / "other"  # a float16 run: its loss scale and overflow count are recorded too

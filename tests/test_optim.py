@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, assert_one_line_error, needs_cpu_float16, read_summary, run_main
+from conftest import ONCE, PY, ROOT, SMALL, STACK, assert_one_line_error, needs_cpu_float16, read_summary, run_main
 from trainer.precision import amp as ampmod
 from trainer import optim
 from trainer.config import OptimConfig, build_parser
@@ -17,7 +17,7 @@ from trainer.device import Device, torch_load
 from trainer.errors import UsageError
 from trainer.optim.lars import LARS, lars_groups
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [STACK, pytest.mark.timeout(300)]
 
 CPU = Device("cpu", None)
 LR, MOMENTUM, WD = 0.05, 0.9, 1e-3
@@ -44,6 +44,7 @@ def test_registry_names_are_the_flag_choices_and_each_builds():
         optim.create_optimizer("lars", model, LR, MOMENTUM, WD, CPU, fused=True)
 
 
+@ONCE
 def test_the_flag_parses_without_importing_torch():
     code = ("import sys; from trainer.config import build_parser; "
             "print(build_parser().parse_args(['--optimizer', 'lars']).optimizer, 'torch' in sys.modules)")
@@ -51,6 +52,7 @@ def test_the_flag_parses_without_importing_torch():
     assert proc.stdout.split() == ["lars", "False"], proc.stderr
 
 
+@ONCE
 def test_bogus_optimizer_is_one_line():
     assert_one_line_error(run_main(["--dummy", "--optimizer", "bogus"]), "--optimizer", "'bogus'", "sgd", "lars")
 
@@ -296,6 +298,7 @@ def poly(lr, t, warm, total, end=1e-4):
     return end + (lr - end) * (1 - (t - warm) / float(total - warm)) ** 2
 
 
+@ONCE
 def test_poly_schedule_is_mlperfs_polynomial_per_step_and_per_epoch():
     from trainer.optim.schedule import Schedule
     s = Schedule(10.5, "poly", 5, 1, 4)
@@ -310,6 +313,7 @@ def test_poly_schedule_is_mlperfs_polynomial_per_step_and_per_epoch():
         [10.5 / 1] + [1e-4 + (10.5 - 1e-4) * (1 - (e - 1) / 4.0) ** 2 for e in range(1, 5)])
 
 
+@ONCE
 def test_a_lars_run_with_the_poly_schedule_follows_it_every_step(shapes, tmp_path):
     out = str(tmp_path)
     proc = run_main([shapes, "--output-dir", out, "--device", "cpu", "-a", "tiny_cnn", "-b", "16", "--lr", "2.0",

@@ -5,13 +5,14 @@ import pickle
 
 import pytest
 
+from conftest import ONCE
 from trainer.record import checkpoint
 from trainer.config import parse_config
 from trainer.device import Device
 from trainer.errors import UsageError
 from trainer.plan import Plan, plan
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [ONCE, pytest.mark.timeout(120)]
 
 
 def _cfg(*argv):

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import RANKS, SMALL, assert_one_line_error, needs_cpu_float16, read_summary, run_main
+from conftest import ONCE, RANKS, SMALL, STACK, assert_one_line_error, needs_cpu_float16, read_summary, run_main
 from trainer.precision import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
@@ -19,7 +19,7 @@ from trainer.optim import sgd as sgdmod
 from trainer.guard import MAX_CONSECUTIVE_OVERFLOWS, Diverged, Guard
 from trainer.job.distributed import Dist
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [STACK, pytest.mark.timeout(300)]
 
 CPU = Device("cpu", None)
 HAS_FUSED_CPU = "fused" in __import__("inspect").signature(torch.optim.SGD).parameters
@@ -162,6 +162,7 @@ def test_resume_restores_scaler_and_overflow_count():
 # ---------------------------------------------------------------- --amp-dtype decision
 
 
+@ONCE
 @pytest.mark.parametrize("native", [True, False])
 def test_cpu_auto_dtype_follows_the_bf16_probe(monkeypatch, native):
     monkeypatch.setattr(hostmod, "cpu_native_bf16", lambda: native)
@@ -175,6 +176,7 @@ def test_cpu_auto_dtype_follows_the_bf16_probe(monkeypatch, native):
     assert dtype == torch.bfloat16 and (note is None) == native
 
 
+@ONCE
 @pytest.mark.parametrize("capability,expected", [((7, 0), torch.float16), ((8, 0), torch.bfloat16),
                                                  ((9, 0), torch.bfloat16)])
 def test_cuda_auto_dtype_follows_compute_capability(monkeypatch, capability, expected):
@@ -182,6 +184,7 @@ def test_cuda_auto_dtype_follows_compute_capability(monkeypatch, capability, exp
     assert Device("cuda", 0).resolve_amp_dtype("auto") == (expected, None)
 
 
+@ONCE
 def test_cpu_bf16_probe_reads_cpuinfo_when_torch_has_no_probe(monkeypatch, tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
@@ -207,6 +210,7 @@ def test_amp_on_this_cpu_is_never_a_slow_bf16_run(shapes, tmp_path):
         assert "no native bfloat16" in proc.stdout
 
 
+@ONCE
 def test_amp_dtype_needs_amp():
     assert_one_line_error(run_main(["--dummy", "--amp-dtype", "bfloat16"]), "--amp-dtype bfloat16 needs --amp")
 
@@ -214,6 +218,7 @@ def test_amp_dtype_needs_amp():
 # ---------------------------------------------------------------- divergence guard
 
 
+@ONCE
 def test_guard_reports_first_non_finite_step():
     g = Guard(CPU)
     for loss in (1.0, 2.0, float("nan"), float("inf"), 1.0):
@@ -224,6 +229,7 @@ def test_guard_reports_first_non_finite_step():
     assert "epoch 3 step 3" in exc.value.message() and "lower --lr" in exc.value.message()
 
 
+@ONCE
 def test_guard_counts_consecutive_overflows_only():
     g = Guard(CPU)
     pattern = [1] * MAX_CONSECUTIVE_OVERFLOWS + [0] + [1] * 5  # a long run that ended is within the limit

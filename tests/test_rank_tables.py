@@ -9,13 +9,13 @@ import subprocess
 
 import pytest
 
-from conftest import (PY, RANKS, ROOT, SMALL, assert_one_line_error, child_env, finish, free_port, read_summary,
+from conftest import (ONCE, PY, RANKS, ROOT, SMALL, assert_one_line_error, child_env, finish, free_port, read_summary,
                       run_main)
 from trainer.job import affinity, launch
 from trainer.config import parse_config
 from trainer.device import runtime
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [ONCE, pytest.mark.timeout(300)]
 
 TRAIN = ["-a", "tiny_cnn", "-b", "8", "--epochs", "1", "--max-steps-per-epoch", "2", "--seed", "0",
          "--dist-timeout", "120"] + SMALL

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, RANKS, ROOT, SMALL, assert_call_error, call, read_metrics, read_summary, run_main
+from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_call_error, call, read_metrics, read_summary, run_main
 from modelzoo import acceptance
 from trainer import recipes
 from trainer.config import parse_config
@@ -19,7 +19,7 @@ from trainer.device import torch_load
 from trainer.errors import UsageError
 from trainer.plan import plan
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [ONCE, pytest.mark.timeout(600)]
 
 # FFCV's configurations (libffcv/ffcv-imagenet rn50_configs / rn18_configs, *_epochs.yaml): epochs -> (start_ramp,
 # end_ramp), the same for both networks; and the README's top-1 (%) per network and epochs
@@ -367,6 +367,7 @@ def test_a_short_fast_run_trains_its_last_epoch_at_the_size_given(shapes, tmp_pa
     assert (s["config"]["train_crop_size"], s["config"]["val_crop_size"]) == (64, 64)
 
 
+@STACK
 def test_a_run_resumed_across_the_resolution_change_equals_the_uninterrupted_run(shapes, tmp_path):
     # epochs 0 and 1 at 32 px, epoch 2 at 64 (the recipe's ramp for 3 epochs: 1, 2); resumed after epoch 1
     args = RUN + ["--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "2", "--min-res", "32",
@@ -387,6 +388,7 @@ def test_a_run_resumed_across_the_resolution_change_equals_the_uninterrupted_run
         assert ra[key] == rb[key], key
 
 
+@STACK
 @RANKS
 def test_fast_on_two_ranks(shapes, tmp_path):
     proc = _run(shapes, tmp_path, RUN + ["-b", "16", "--recipe", "fast", "--epochs", "3", "--max-steps-per-epoch", "1",

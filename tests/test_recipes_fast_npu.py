@@ -2,10 +2,10 @@
 in half precision) and keeps the NPU's memory format, and trains across the recipe's change of resolution."""
 import pytest
 
-from conftest import DOUBLE, read_summary, run_main
+from conftest import DOUBLE, ONCE, STACK, read_summary, run_main
 from test_npu_double import double, fake_env, on_double  # noqa: F401 (double: the module's autouse fixture)
 
-pytestmark = [DOUBLE, pytest.mark.timeout(600)]
+pytestmark = [STACK, DOUBLE, pytest.mark.timeout(600)]
 
 
 def test_fast_on_the_double_trains_with_amp_across_the_size_change(shapes, tmp_path):
@@ -38,6 +38,7 @@ def test_the_recipes_switches_turn_off_on_the_double(shapes, tmp_path):
     assert (s["config"]["amp"], s["config"]["blurpool"]) == (False, False)
 
 
+@ONCE
 def test_every_recipe_that_sets_amp_turns_it_on_and_no_amp_off_on_the_double():
     # the NPU keeps a recipe's --amp (a CPU run leaves it off: tests/test_recipes_fast.py covers the other booleans)
     out = on_double("""

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from conftest import DOUBLE, PY, RANKS, ROOT, SMALL, child_env, finish, free_port, read_lines, read_summary, run_main
+from conftest import (DOUBLE, PY, RANKS, ROOT, SMALL, STACK, child_env, finish, free_port, read_lines, read_summary,
+                      run_main)
 
-pytestmark = [RANKS, pytest.mark.timeout(400)]
+pytestmark = [STACK, RANKS, pytest.mark.timeout(400)]
 
 # three epochs of a BN-free model: the result does not depend on how the global batch is split over ranks
 EPOCHS3 = ["-a", "tiny_cnn", "--epochs", "3", "-b", "8", "--lr", "0.1", "--momentum", "0.9", "--wd", "1e-4",

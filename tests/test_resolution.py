@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import main as entry
-from conftest import RANKS, assert_call_error, read_summary, run_main, trained
+from conftest import ONCE, RANKS, STACK, assert_call_error, read_summary, run_main, trained
 from conftest import read_checkpoint as ckpt, read_metrics as records
 from trainer import data
 from trainer.config import DataConfig, parse_config
 from trainer.device import Device
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [ONCE, pytest.mark.timeout(600)]
 
 CPU_DEVICE = Device.create("cpu")
 BASE = ["--device", "cpu", "--seed", "3", "-j", "0", "-p", "1"]
@@ -112,6 +112,7 @@ def first_batches(root, backend, workers, epochs, **sizes):
     return out
 
 
+@STACK
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_persistent_workers_crop_at_each_epochs_size(shapes, backend):
     """-j 2 (persistent workers, started once): each epoch's batches come at the schedule's size, the crops the
@@ -153,6 +154,7 @@ def assert_same_run(a, b, epochs):
             assert x[key] == y[key], (e, key)
 
 
+@STACK
 def test_a_run_resumed_across_a_size_change_equals_the_uninterrupted_run(shapes, tmp_path):
     """32, 64, 64 px in epochs 0, 1, 2, with persistent workers (-j 2), BlurPool and the flipped validation (at the
     end); resumed after epoch 0 it trains epochs 1 and 2 at 64 and ends bit for bit where the uninterrupted run
@@ -174,6 +176,7 @@ def test_a_run_resumed_across_a_size_change_equals_the_uninterrupted_run(shapes,
     assert read_summary(tmp_path / "part")["train_resolutions"] == s["train_resolutions"]
 
 
+@STACK
 @RANKS
 def test_two_ranks_resumed_across_a_size_change_equal_the_uninterrupted_job(data70, tmp_path):
     """Two ranks, 70 validation images (padded to 72: 4 a process), the flipped validation counting each image
@@ -217,6 +220,7 @@ def by_hand(root, path, arch, crop, resize, flip):
     return 100.0 * correct / len(samples), float(F.cross_entropy(logits, target)), len(samples)
 
 
+@STACK
 def test_flipped_validation_equals_a_hand_computation_and_evaluates_alike(data70, tmp_path):
     common = RESNET + ["-b", "4", "--no-channels-last", "--blurpool", "--val-crop-size", "48"]  # resized to 55
     trained(data70, tmp_path / "run", common + ["--epochs", "1", "--max-steps-per-epoch", "4", "--train-crop-size",
@@ -237,6 +241,7 @@ def test_flipped_validation_equals_a_hand_computation_and_evaluates_alike(data70
     assert e["val_loss"] == pytest.approx(loss, rel=1e-4)
 
 
+@STACK
 def test_evaluate_takes_the_checkpoints_sizes_unless_given_with_a_note(shapes, tmp_path):
     """``-e --resume CKPT`` of a model trained and validated at 32 px, without the size flags, evaluates at 32
     (its run's accuracy), not at the defaults 256 / 224; a size flag given wins, and no note comes."""
@@ -259,6 +264,7 @@ def test_evaluate_takes_the_checkpoints_sizes_unless_given_with_a_note(shapes, t
     assert (g["config"]["val_resize_size"], g["config"]["val_crop_size"]) == (55, 48)
 
 
+@STACK
 def test_the_average_is_validated_with_flips_too(shapes, tmp_path):
     proc = trained(shapes, tmp_path, ["-a", "tiny_cnn", "-b", "16", "--lr", "0.1"] + BASE + VAL32 + [
         "--epochs", "1", "--max-steps-per-epoch", "2", "--model-ema", "--model-ema-steps", "1", "--val-tta", "flip",
@@ -293,6 +299,7 @@ def test_blurpool_is_ffcvs_rule_and_keeps_the_plain_networks_state_dict():
     assert not torch.allclose(layer(x), conv(x), atol=1e-3)
 
 
+@STACK
 def test_blurpool_trains_from_plain_weights_and_resumes_only_as_itself(shapes, tmp_path, capsys):
     import models
     weights = str(tmp_path / "plain.pth")

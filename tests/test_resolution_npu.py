@@ -2,10 +2,10 @@
 (tests/fake_npu): main.py --device npu trains across a size change as the CPU does."""
 import pytest
 
-from conftest import DOUBLE, read_summary, run_main
+from conftest import DOUBLE, STACK, read_summary, run_main
 from test_npu_double import double, fake_env  # noqa: F401 (double: the module's autouse fixture)
 
-pytestmark = [DOUBLE, pytest.mark.timeout(600)]
+pytestmark = [STACK, DOUBLE, pytest.mark.timeout(600)]
 
 TRAIN = ["-a", "resnet18", "--seed", "1", "--epochs", "2", "--max-steps-per-epoch", "2", "-b", "8", "--lr", "0.02",
          "--wd", "0", "--no-channels-last", "-j", "0", "-p", "1", "--min-res", "32", "--max-res", "64",

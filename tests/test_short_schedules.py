@@ -10,11 +10,12 @@ import pytest
 import torch
 
 import main as entry
-from conftest import PY, RANKS, ROOT, SMALL, assert_call_error, assert_one_line_error, read_summary, run_main, trained
+from conftest import (ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_call_error, assert_one_line_error, read_summary,
+                      run_main, trained)
 from conftest import read_checkpoint as ckpt, read_metrics as records
 from test_train import epoch_losses
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [ONCE, pytest.mark.timeout(600)]
 
 CPU = ["--device", "cpu", "--seed", "3"] + SMALL
 TINY = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.2"] + CPU
@@ -68,6 +69,7 @@ def test_without_the_flag_sgd_keeps_one_group_at_wd_and_lars_its_exclusion(shape
         [("weights", 4, 1e-3), ("norm_and_bias", 4, 0.0)]  # tiny_cnn: 4 weights, 4 biases
 
 
+@STACK
 def test_norm_weight_decay_changes_only_what_it_names(shapes, tmp_path):
     """One plain SGD step (no momentum, --wd 0) from the same start and batch: --norm-weight-decay 5 takes
     lr x 5 x the initial bias off each bias, and leaves the weights as --norm-weight-decay 0 does."""
@@ -131,6 +133,7 @@ def flat_ema(entry_):
     return {k[len("module."):]: v for k, v in entry_.items() if k.startswith("module.")}
 
 
+@STACK
 def test_model_ema_averages_the_weights_is_validated_checkpointed_and_evaluated(shapes, tmp_path):
     """-b 8, an update every step, 2 epochs: decay 0.875 is adjusted to 1 - 0.125 x 8 x 1 / 2 = 0.5. With one
     step an epoch, the first update copies the weights w1 and the second gives (w1 + w2) / 2, BatchNorm statistics
@@ -168,6 +171,7 @@ def test_model_ema_averages_the_weights_is_validated_checkpointed_and_evaluated(
     assert (e["final_acc1"], e["final_acc5"]) == (ema["final_acc1"], ema["final_acc5"])
 
 
+@STACK
 def test_model_ema_copies_the_weights_during_warm_up(shapes, tmp_path):
     trained(shapes, tmp_path, TINY + ["--epochs", "2", "--max-steps-per-epoch", "1", "--warmup-epochs", "1",
                                       "--model-ema", "--model-ema-steps", "1", "--model-ema-decay", "0.9"])
@@ -177,6 +181,7 @@ def test_model_ema_copies_the_weights_during_warm_up(shapes, tmp_path):
     assert all(torch.equal(ema[k], v) for k, v in saved["state_dict"].items())
 
 
+@STACK
 def test_model_ema_updates_on_every_nth_step_of_an_epoch_also_without_validation(shapes, tmp_path):
     proc = trained(shapes, tmp_path, TINY + ["--epochs", "2", "--max-steps-per-epoch", "5", "--model-ema",
                                              "--model-ema-steps", "2", "--no-validate"])
@@ -186,6 +191,7 @@ def test_model_ema_updates_on_every_nth_step_of_an_epoch_also_without_validation
     assert any("--model-ema with --no-validate" in n for n in s["notes"]) and "Test EMA" not in proc.stdout
 
 
+@STACK
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.set_sync_debug_mode)")
 def test_model_ema_updates_without_a_host_sync_on_cuda():
     import models
@@ -241,6 +247,7 @@ print(json.dumps(obs))
 """
 
 
+@STACK
 def test_norm_groups_and_the_average_on_the_npu_paths_native_and_apex():
     """On NPU, SGD is the device's NpuFusedSGD (apex's under Ascend apex.amp): it takes the two groups with their
     weight decay, and the average follows the steps."""
@@ -283,6 +290,7 @@ def assert_same_run(a, b):
         assert ra[key] == rb[key], key
 
 
+@STACK
 def test_a_run_resumed_after_epoch_one_equals_the_uninterrupted_run(shapes, tmp_path):
     length = ["--epochs", "2", "--max-steps-per-epoch", "3", "-p", "1"]
     args = RESNET + ALL + length
@@ -313,6 +321,7 @@ def test_a_run_resumed_after_epoch_one_equals_the_uninterrupted_run(shapes, tmp_
     assert not os.path.exists(os.path.join(str(tmp_path / "wrong"), "checkpoint.pth.tar"))
 
 
+@STACK
 @RANKS
 def test_two_ranks_resumed_after_epoch_one_equal_the_uninterrupted_job(shapes, tmp_path):
     args = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.2"] + CPU + ALL + [

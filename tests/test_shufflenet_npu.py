@@ -13,7 +13,10 @@ from torchvision.models.shufflenetv2 import channel_shuffle as tv_channel_shuffl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import models  # noqa: E402
+from conftest import ONCE, STACK
 from models import shufflenet_npu as snpu  # noqa: E402
+
+pytestmark = STACK
 
 WIDTHS = ["x0_5", "x1_0", "x1_5", "x2_0"]
 NUM_CLASSES = 10
@@ -346,6 +349,7 @@ def test_torch_compile_fullgraph_train(count_fused):
 
 # --- registry -------------------------------------------------------------------------------
 
+@ONCE
 def test_registry():
     names = models.list_models()
     for width in WIDTHS:

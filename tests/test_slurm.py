@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, dataset, finish, read_summary, run_main
+from conftest import PY, ROOT, SMALL, STACK, dataset, finish, read_summary, run_main
 from test_stop import per_step, same_weights
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
+pytestmark = [STACK, pytest.mark.slurm, pytest.mark.timeout(400)]
 
 STEP = ["-a", "tiny_cnn", "--epochs", "2", "-b", "8", "--lr", "0.1", "--momentum", "0.9", "--wd", "1e-4",
         "--seed", "11", "--device", "cpu", "--dist-timeout", "120"] + SMALL
@@ -139,3 +139,39 @@ def test_a_job_that_outlasts_its_time_limit_is_warned_requeued_and_ends_as_the_u
     mine, theirs = per_step(out), per_step(whole)
     assert len(theirs[0]) == 400 and mine == theirs
     assert same_weights(whole, out)
+
+
+def test_scancel_of_a_requeueable_job_saves_and_ends_it(slurm, long_data, tmp_path):
+    """``scancel`` of an ``sbatch --requeue`` job: its SIGTERM stops the run at a step, which saves, says it is not
+    requeued, and ends; Slurm does not start the job again (only the warning, SIGUSR1, requeues: the test above)."""
+    out, log = tmp_path / "run", tmp_path / "job.out"
+    cmd = "exec python3 main.py {} --output-dir {} --resume auto {}".format(long_data, out, " ".join(LONG))
+    sub = subprocess.run(["sbatch", "--parsable", "--requeue", "--open-mode=append", "--output", str(log), "--wrap",
+                          cmd], env=slurm, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    try:
+        deadline = time.time() + 300
+        while not (log.exists() and "Epoch: [0][" in log.read_text()):
+            assert time.time() < deadline, log.read_text()[-3000:] if log.exists() else "no job output"
+            time.sleep(0.5)
+        assert subprocess.run(["scancel", job], env=slurm, timeout=30).returncode == 0
+        while subprocess.run(["squeue", "-h", "-j", job], env=slurm, capture_output=True, text=True,
+                             timeout=30).stdout.strip():
+            assert time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        # a requeue (scontrol requeue, before the run exits) would have put the job back in the queue: it is gone
+        queued = subprocess.run(["squeue", "-h", "-j", job], env=slurm, capture_output=True, text=True, timeout=30)
+    finally:
+        subprocess.run(["scancel", job], env=slurm, timeout=30)
+    text = log.read_text()
+    shown = subprocess.run(["scontrol", "show", "job", job], env=slurm, capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    facts = [w for w in shown if w.split("=")[0] in ("JobState", "Restarts", "ExitCode", "Reason", "RunTime")]
+    assert queued.stdout.strip() == "" and "Restarts=0" in shown, (facts, text[-3000:])
+    stops = re.findall(r"^=> (SIG\w+): stopped at epoch 0 step (\d+) of 400 ", text, re.M)
+    assert [s[0] for s in stops] == ["SIGTERM"], text[-3000:]
+    assert "=> Slurm job {} not requeued: SIGTERM ends it".format(job) in text, text[-3000:]
+    s = read_summary(out)
+    assert s["status"] == "interrupted" and s["stopped"]["signal"] == "SIGTERM", s
+    assert s["stopped"]["step"] == int(stops[0][1]) and os.path.exists(os.path.join(str(out), "checkpoint.pth.tar"))

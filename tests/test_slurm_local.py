@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from conftest import PY, ROOT, assert_one_line
+from conftest import ONCE, PY, ROOT, assert_one_line
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [ONCE, pytest.mark.timeout(300)]
 
 SCRIPT = os.path.join(ROOT, "tools", "slurm_local.sh")
 CLUSTER_CONF = (b"# the cluster's own configuration\nClusterName=production\nSlurmctldHost=head01\n"

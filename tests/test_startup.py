@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, SMALL, dataset, read_summary, run_main
+from conftest import ONCE, ROOT, SMALL, dataset, read_summary, run_main
 from test_bad_input import MAIN_PY, _imports
 from test_drivers import TINY_IMAGES, driver_env, run_driver
 from trainer.record import earlier, folders, lock, profiling
 
-pytestmark = [pytest.mark.clients, pytest.mark.timeout(300)]
+pytestmark = [ONCE, pytest.mark.clients, pytest.mark.timeout(300)]
 
 RUN = ["-a", "tiny_cnn", "--epochs", "1", "-b", "8", "--lr", "0.05", "--seed", "0", "--device", "cpu"] + SMALL
 

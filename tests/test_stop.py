@@ -14,14 +14,15 @@ import torch
 
 import main as entry
 
-from conftest import PY, RANKS, ROOT, SMALL, child_env, finish, read_checkpoint, read_lines, read_metrics, read_summary
+from conftest import (ONCE, PY, RANKS, ROOT, SMALL, STACK, child_env, finish, read_checkpoint, read_lines, read_metrics,
+                      read_summary)
 from conftest import DOUBLE, assert_call_error, run_main, trained
 from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
 from test_rendezvous import last_rank
 
 # the signals clusters stop runs with: an outside client's (make test-clients; the ranks' and the double's runs stay
 # in their lanes)
-pytestmark = [pytest.mark.timeout(300), pytest.mark.clients]
+pytestmark = [STACK, pytest.mark.timeout(300), pytest.mark.clients]
 
 TINY = ["-a", "tiny_cnn", "-b", "16", "--lr", "0.1", "--epochs", "2", "--device", "cpu", "--seed", "5"] + \
     SMALL[:-2] + ["-p", "1"]
@@ -157,6 +158,7 @@ def test_a_signal_to_the_whole_process_group_stops_at_a_step_and_resumes_exactly
     assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
 
 
+@ONCE
 def test_slurms_warning_during_start_up_stops_before_the_first_step(shapes, tmp_path):
     """SIGUSR1 (Slurm's warning) while one process builds its run, held there (SIGSTOP) once its handlers are
     installed: the warning is kept rather than ending the run, which stops before its first step, saved for a
@@ -165,6 +167,7 @@ def test_slurms_warning_during_start_up_stops_before_the_first_step(shapes, tmp_
     assert_stopped_before_training(tmp_path, code, out, err, signal.SIGUSR1)
 
 
+@ONCE
 def test_slurms_warning_before_main_pys_first_line_is_kept(shapes, tmp_path):
     """main.py started with SIGUSR1 blocked and already pending (a launcher that blocks it while it starts its
     processes, as spawn's supervisor does): main.py's first line takes the warning, which reaches the run's handlers;
@@ -190,6 +193,7 @@ sys.exit(code)
 """
 
 
+@ONCE
 def test_slurms_warning_after_the_run_ended_leaves_its_exit_code(shapes, tmp_path):
     """SIGUSR1 once main.py's run has returned (Slurm's warning to a job that ends within its time): kept, not
     SIGUSR1's default action, so the process exits 0 and its job is COMPLETED, not FAILED by signal 10."""
@@ -200,6 +204,7 @@ def test_slurms_warning_after_the_run_ended_leaves_its_exit_code(shapes, tmp_pat
     assert read_summary(tmp_path)["status"] == "ok"
 
 
+@ONCE
 def test_processes_started_while_the_warning_is_blocked_inherit_it_blocked():
     """stop.warning_blocked, as spawn starts its ranks: a process started inside it has SIGUSR1 blocked (a warning
     waits for the rank's hold_warning); one kept before is delivered to the handler in force on leaving."""
@@ -262,6 +267,7 @@ def test_a_stop_after_a_resolution_change_resumes_at_its_size(shapes, tmp_path):
                                                                     {"from_epoch": 1, "size": 64}]
 
 
+@ONCE
 @pytest.mark.parametrize("value", ["0", "-1", "soon"])
 def test_save_every_takes_minutes_above_zero(shapes, tmp_path, capsys, value):
     assert_call_error(entry.main, [shapes, "--output-dir", str(tmp_path), "--save-every", value], capsys,

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import models
-from conftest import (PY, ROOT, SMALL, assert_call_error, assert_one_line_error, call, read_summary, run_main,
-                      run_tool)
+from conftest import (ONCE, PY, ROOT, SMALL, STACK, assert_call_error, assert_one_line_error, call, read_summary,
+                      run_main, run_tool)
 from tools import compare_precision, export_onnx, op_report
 from trainer.record import checkpoint
 from trainer.device import Device
 from trainer.record.profiling import StepProfiler
 
-pytestmark = pytest.mark.tools  # make test-tools
+pytestmark = [ONCE, pytest.mark.tools]  # make test-tools
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 
@@ -60,6 +60,7 @@ def shufflenet_run(shapes, tmp_path_factory):
 # ---------------------------------------------------------------- ONNX export
 
 
+@STACK
 def test_export_resnet_checkpoint_written_by_main(resnet_run, tmp_path, capsys):
     out_dir, _ = resnet_run
     onnx_path = tmp_path / "resnet18.onnx"
@@ -77,6 +78,7 @@ def test_export_resnet_checkpoint_written_by_main(resnet_run, tmp_path, capsys):
     assert onnx.load(str(onnx_path)).opset_import[0].version == 11
 
 
+@STACK
 def test_export_npu_shufflenet_checkpoint(shufflenet_run, tmp_path, capsys):
     onnx_path = tmp_path / "shufflenet.onnx"
     rc, out, err = call(export_onnx.main, [shufflenet_run / "model_best.pth.tar", "--image-size", "32",
@@ -87,6 +89,7 @@ def test_export_npu_shufflenet_checkpoint(shufflenet_run, tmp_path, capsys):
     assert sorted(diffs) == [1, 5] and all(d <= 1e-4 for d in diffs.values()), diffs
 
 
+@STACK
 def test_export_plain_state_dict_with_module_prefix(resnet_run, tmp_path, capsys):
     out_dir, _ = resnet_run
     sd = checkpoint.read(str(out_dir / "checkpoint.pth.tar"))["state_dict"]
@@ -115,6 +118,7 @@ def tiny_weights(tmp_path):
     return path
 
 
+@STACK
 def test_export_never_overwrites_without_force(tiny_weights, tmp_path, capsys):
     target = tmp_path / "keep.onnx"
     target.write_bytes(b"precious")
@@ -127,6 +131,7 @@ def test_export_never_overwrites_without_force(tiny_weights, tmp_path, capsys):
     assert target.read_bytes()[:8] != b"precious" and "verified" in out
 
 
+@STACK
 def test_export_over_tolerance_exits_nonzero_and_says_which(tiny_weights, tmp_path, capsys):
     rc, out, err = call(export_onnx.main, [tiny_weights, "--arch", "tiny_cnn", "--image-size", "32",
                                       "--output", tmp_path / "t.onnx", "--rtol", "0", "--atol", "1e-30"], capsys)
@@ -135,6 +140,7 @@ def test_export_over_tolerance_exits_nonzero_and_says_which(tiny_weights, tmp_pa
     assert "batch size(s) 1, 5" in err and "Traceback" not in err
 
 
+@STACK
 def test_export_check_is_relative_to_magnitude_and_catches_a_corrupted_file(shufflenet_run, tmp_path, capsys):
     import onnx
     from onnx import numpy_helper
@@ -186,6 +192,7 @@ def test_export_usage_error_is_one_line_at_process_level(tmp_path):
 # ---------------------------------------------------------------- op report
 
 
+@STACK
 def test_op_report_fixed_shapes_has_no_dynamic_ops_and_lists_unsupported(tmp_path, capsys):
     supported = tmp_path / "supported.txt"
     supported.write_text("# vendor list\naten::conv2d\nconvolution\nbatch_norm\naten::relu\nlinear\n\n")
@@ -232,6 +239,7 @@ def _batches(step):
     return torch.randn(2, 3, 16, 16, generator=g), torch.randint(0, 10, (2,), generator=g)
 
 
+@STACK
 def test_op_report_finds_a_planted_dynamic_shape(tmp_path):
     report = op_report.op_report(GrowingCrop(), _batches, steps=3, output_dir=str(tmp_path))
     dyn = set(report["dynamic_ops"])
@@ -286,6 +294,7 @@ def test_op_report_keeps_an_earlier_report(tmp_path, capsys):
 # ---------------------------------------------------------------- precision comparison
 
 
+@STACK
 def test_compare_fp32_with_itself_is_exact(tmp_path, capsys):
     out = tmp_path / "same.json"
     rc, text, err = call(compare_precision.main, ["--arch", "resnet18", "--target", "cpu", "--image-size", "32",
@@ -302,6 +311,7 @@ def test_compare_fp32_with_itself_is_exact(tmp_path, capsys):
     assert "within tolerance" in text
 
 
+@STACK
 def test_compare_bf16_autocast_finds_and_locates_the_drift(tmp_path, capsys):
     out = tmp_path / "bf16.json"
     rc, text, err = call(compare_precision.main, ["--arch", "resnet18", "--target", "cpu", "--target-amp",
@@ -341,6 +351,7 @@ def test_compare_bad_arguments(args, fragments, tmp_path, capsys):
 # ---------------------------------------------------------------- profiling
 
 
+@STACK
 def test_profile_steps_through_main_writes_trace_and_stops(resnet_run):
     out_dir, proc = resnet_run
     trace = json.loads((out_dir / "profile_rank0.json").read_text())
@@ -374,6 +385,7 @@ def _train_steps(profiler, steps, first=0):
     return seen
 
 
+@STACK
 def test_step_profiler_window_without_stop(tmp_path):
     log = _Log()
     prof = StepProfiler((2, 4), False, Device("cpu", None), str(tmp_path), 3, log)
@@ -386,6 +398,7 @@ def test_step_profiler_window_without_stop(tmp_path):
     assert any("recording global steps 2..3" in ln for ln in log.lines)
 
 
+@STACK
 def test_step_profiler_resumed_inside_and_past_the_window(tmp_path):
     log = _Log()
     prof = StepProfiler((2, 5), True, Device("cpu", None), str(tmp_path / "a"), 0, log)
@@ -400,6 +413,7 @@ def test_step_profiler_resumed_inside_and_past_the_window(tmp_path):
     assert not (tmp_path / "b").exists()
 
 
+@STACK
 def test_step_profiler_close_writes_an_unfinished_window(tmp_path):
     prof = StepProfiler((0, 100), False, Device("cpu", None), str(tmp_path), 0, _Log())
     _train_steps(prof, 2)
@@ -426,6 +440,7 @@ print(json.dumps({"last": s, "lines": lines, "calls": [list(c) for c in torch_np
 """
 
 
+@STACK
 def test_step_profiler_on_npu_uses_torch_npu_profiler_and_its_files(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE, ROOT]), FAKE_NPU_DEVICE_COUNT="1")
     proc = subprocess.run([PY, "-c", NPU_PROFILE, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,

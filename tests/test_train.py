@@ -8,8 +8,10 @@ import subprocess
 import pytest
 import torch
 
-from conftest import PY, ROOT, SMALL, child_env, finish, read_lines, read_summary, run_main
+from conftest import ONCE, PY, ROOT, SMALL, STACK, child_env, finish, read_lines, read_summary, run_main
 from tools.make_dataset import generate
+
+pytestmark = STACK
 
 TRAIN = ["-a", "tiny_cnn", "--lr", "0.1", "-b", "16", "--wd", "0", "--crop-scale-min", "0.35", "--seed", "0"] + SMALL
 
@@ -105,6 +107,7 @@ def test_evaluate_checkpoint_writes_eval_summary(full_run, learnable):
     assert ev["final_acc1"] == pytest.approx(best, abs=1e-6)
 
 
+@ONCE
 def test_dummy_data_run(tmp_path):
     proc = run_main(["--dummy", "-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "3", "-b", "64",
                      "--num-classes", "10", "--output-dir", str(tmp_path), "--fps-warmup-steps", "1"]
@@ -116,6 +119,7 @@ def test_dummy_data_run(tmp_path):
     assert s["host_memory"].startswith(("kept", "user's", "system allocator")), s["host_memory"]
 
 
+@ONCE
 def test_refuses_to_overwrite_an_existing_run(full_run, learnable):
     out, _ = full_run
     before = (out / "checkpoint.pth.tar").read_bytes()
@@ -163,6 +167,7 @@ def test_exception_while_writing_checkpoint_keeps_previous_and_cleans_up(tmp_pat
     assert os.listdir(str(tmp_path)) == ["checkpoint.pth.tar"]
 
 
+@ONCE
 def test_ctrl_c_writes_interrupted_summary(shapes, tmp_path):
     p = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), shapes, "-a", "resnet18", "--epochs", "50", "-b", "4",
                           "--output-dir", str(tmp_path), "-p", "1"] + SMALL[:6] + ["-j", "0"],

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from conftest import DOUBLE, PY, RANKS, ROOT, finish, read_summary, run_main
+from conftest import DOUBLE, PY, RANKS, ROOT, STACK, finish, read_summary, run_main
 
-pytestmark = [DOUBLE, RANKS, pytest.mark.timeout(600)]
+pytestmark = [STACK, DOUBLE, RANKS, pytest.mark.timeout(600)]
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 ADDRESSES = ("192.0.2.1", "192.0.2.2")  # TEST-NET-1 (RFC 5737), only inside the namespaces

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import gone
+from conftest import ONCE, STACK, gone
 from trainer import recipes
 from trainer.record import metrics
 from trainer.config import build_parser
@@ -22,7 +22,7 @@ from trainer.job.ranks import Interrupted, Ranks
 from trainer.errors import UsageError
 from trainer.optim.schedule import Schedule
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [ONCE, pytest.mark.timeout(60)]
 
 
 # ---------------------------------------------------------------- schedule
@@ -460,6 +460,7 @@ def _heap_probe(kind, environ):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@STACK
 @pytest.mark.timeout(150)
 def test_cpu_run_keeps_large_blocks_in_the_heap_between_steps():
     r = _heap_probe("cpu", {})
@@ -474,6 +475,7 @@ def test_cpu_run_keeps_large_blocks_in_the_heap_between_steps():
     ("cpu", {"MALLOC_TRIM_THRESHOLD_": "131072"}, "user's glibc settings (MALLOC_TRIM_THRESHOLD_)"),
     ("cpu", {"LD_PRELOAD": "libjemalloc.so.2"}, "user's allocator"),
 ])
+@STACK
 def test_host_memory_left_alone_off_cpu_or_when_the_user_chose(kind, environ, expect):
     r = _heap_probe(kind, environ)
     assert r["what"].startswith(expect)

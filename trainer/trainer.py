@@ -304,7 +304,7 @@ class Trainer:
         if self.stop is not None:
             self.stop.ignore()  # nothing is left to stop: the requeue's SIGTERM must not cut the exit short
         if self.dist.is_main:
-            line = stops.requeue()
+            line = stops.requeue(loops.stopped_by)
             if line:
                 self.log("=> " + line)
             if self.plan.launch.mode != "spawn":  # spawn's parent says it for all ranks

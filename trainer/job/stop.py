@@ -3,9 +3,10 @@ flag: the loop stops at a step every rank agrees on, saves a mid-epoch checkpoin
 128 + the signal. In a one-process run a first SIGINT or SIGTERM outside the loop raises ``Stopped``; SIGUSR1 is
 kept until the loop starts, which stops before its first step and requeues. Several ranks never leave at a first
 signal (none may be left blocked in a collective): they agree on it before training and at print steps. A second
-signal always raises. A requeueable Slurm job is requeued once its checkpoint is written. Around the run
-(``hold_warning``: main.py's first line, a spawned rank's) SIGUSR1 is kept, never its default action: a warning
-while the process starts reaches the run's handlers, and one after the run ended leaves its exit code as it was.
+signal always raises. A requeueable Slurm job stopped by the warning is requeued once its checkpoint is written
+(SIGTERM and SIGINT end it). Around the run (``hold_warning``: main.py's first line, a spawned rank's) SIGUSR1 is
+kept, never its default action: a warning while the process starts reaches the run's handlers, and one after the
+run ended leaves its exit code as it was.
 """
 import contextlib
 import os
@@ -117,13 +118,18 @@ class StopRequest:
         return self.signum is not None
 
 
-def requeue(env=None, run=subprocess.run):
-    """Requeue this Slurm job where ``scontrol show job`` says Requeue=1; returns what was done, None outside Slurm."""
+def requeue(signum, env=None, run=subprocess.run):
+    """After a stop by ``signum``: requeue this Slurm job where the signal is Slurm's warning and ``scontrol show job``
+    says Requeue=1 (SIGTERM and SIGINT, as ``scancel`` sends, end it, as Lightning does); returns what was done, None
+    outside Slurm."""
     env = os.environ if env is None else env
     job = env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID") and "{}_{}".format(
         env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]) or env.get("SLURM_JOB_ID")
     if not job:
         return None
+    if signum != WARNING:
+        return "Slurm job {} not requeued: {} ends it (only Slurm's warning, {}, requeues: sbatch --signal=B:{}@N " \
+               "--requeue)".format(job, name(signum), name(WARNING), name(WARNING)[3:])
     kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=30)
     try:
         if "Requeue=1" not in run(["scontrol", "show", "job", job], **kw).stdout.split():
