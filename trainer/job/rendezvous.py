@@ -79,7 +79,8 @@ def check_master(section):
 
 def _tcp_store(host, port, is_master, seconds):
     import torch  # not at the top: the launch's checks answer before torch is imported
-    return torch.distributed.TCPStore(host, port, None, is_master, datetime.timedelta(seconds=seconds),
+    # world_size -1: "not waited for", the one spelling every torch takes (1.11's int argument has no None)
+    return torch.distributed.TCPStore(host, port, -1, is_master, datetime.timedelta(seconds=seconds),
                                       wait_for_workers=False)
 
 
