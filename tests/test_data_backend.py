@@ -66,6 +66,21 @@ def test_device_backend_is_seeded_alike_for_any_worker_count(photos):
 
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_iterating_a_loader_leaves_torchs_global_rng_as_it_was(photos, backend, workers):
+    """The training step draws from torch's global RNG (dropout), which a checkpoint keeps and a resume restores: no
+    loader draws from it (an iterator's worker seeds come from the loader's own generator), training or validation,
+    its first iterator or a later one (persistent workers)."""
+    train, val, _ = data.build(Cfg(photos, backend), CPU, data.Sampling(4, workers=workers, seed=7))
+    state = torch.get_rng_state()
+    for epoch in range(2):
+        train.sampler.set_epoch(epoch)
+        for loader in (train, val):
+            assert len(next(iter(loader))) >= 2
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def _spied_train_loader(root, decode_spy, ahead=True):
     """The device backend's train loader with its decoder spied on; ``ahead``: decode in a thread, as on CUDA."""
     train, _, _ = data.build(Cfg(root, "gpu"), CPU, data.Sampling(8, seed=7))

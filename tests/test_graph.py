@@ -144,6 +144,24 @@ def test_bfloat16_autocast_compiles_with_the_cpu_warning_and_the_guard_stops_a_d
     assert read_summary(tmp_path / "huge")["status"] == "diverged"
 
 
+@ONCE
+def test_a_step_that_fails_to_compile_runs_again_eagerly_drawing_what_an_eager_step_draws():
+    """What the failed attempt drew (dropout, before its backend failed) is put back with the buffers: the eager
+    step that follows draws what an eager run's first step draws (a resumed run, compiling, stays exact)."""
+    eager = torch.nn.Dropout(0.5)
+
+    def broken(x):
+        torch.nn.functional.dropout(x, 0.5)
+        raise RuntimeError("the backend failed")
+    g = graph.Graph(eager, eager, compiled=broken, backend="inductor", requested=True)
+    x = torch.ones(256)
+    torch.manual_seed(0)
+    out = g.first_step(lambda: g(x), CPU, lambda line: None)
+    after = torch.get_rng_state()
+    torch.manual_seed(0)
+    assert g.status == "eager" and torch.equal(out, eager(x)) and torch.equal(after, torch.get_rng_state())
+
+
 @needs_cpu_float16
 def test_a_compiled_float16_step_skips_an_overflow_and_then_equals_eager():
     """The overflow-skip contract through a compiled forward and backward: a step whose gradients hold inf

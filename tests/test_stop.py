@@ -1,6 +1,7 @@
 """A stopped run loses at most a step: real signals to real runs (trainer/job/stop.py). SIGTERM in the middle of
 an epoch saves a mid-epoch checkpoint, and --resume auto ends exactly as the uninterrupted run (every step's loss,
-Acc@1, the weights): one process, with and without data workers, and after a resolution change; a kill -9 under
+Acc@1, the weights): one process, with and without data workers, and after a resolution change; a model with
+dropout (its step draws from torch's RNG, which no loader moves), mid-epoch and killed after an epoch; a kill -9 under
 --save-every; 2 spawned ranks and a torchrun worker (make test-ranks); --amp on the NPU double (make test-npu). The
 summary names the signal and the step, the lock is released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
 import os
@@ -139,6 +140,52 @@ def test_sigterm_mid_epoch_then_resume_auto_equals_the_uninterrupted_run(shapes,
     assert (mid["epoch"], mid["step"], mid["signal"]) == (1, stop["step"], "SIGTERM")
     summary = assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
     assert summary["steps_redone"] == 0
+
+
+DROPOUT = [a if a != "tiny_cnn" else "tiny_cnn_dropout" for a in TINY]  # a step that draws from torch's RNG
+
+
+@pytest.fixture(scope="module")
+def whole_dropout(shapes, tmp_path_factory):
+    """The uninterrupted run of the model with dropout (one process, 2 persistent data workers, whose loader's
+    iterator is made once): its folder."""
+    out = tmp_path_factory.mktemp("whole_dropout")
+    trained(shapes, out, DROPOUT + ["-j", "2"])
+    return out
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_model_with_dropout_stopped_mid_epoch_resumes_exactly(shapes, tmp_path, whole_dropout, workers):
+    """Dropout draws from torch's generator at every step: the checkpoint's state, restored, is the one the step
+    after the stop drew from in the uninterrupted run (no loader draws from it, with or without data workers: the
+    run without ends as the one with)."""
+    args = DROPOUT + ["-j", workers]
+    code, _, err = stopped_at(shapes, tmp_path, args, signal.SIGTERM, "1][ 5")
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    stop = read_summary(tmp_path)["stopped"]
+    assert stop["signal"] == "SIGTERM" and stop["epoch"] == 1 and 5 <= stop["step"] < 25, stop
+    assert_resumes_exactly(shapes, tmp_path, args, stop, whole_dropout)
+
+
+def test_a_model_with_dropout_killed_after_an_epoch_resumes_exactly(shapes, tmp_path, whole_dropout):
+    """kill -9 once epoch 1 has begun (epoch 0's checkpoint written), with 2 persistent data workers: --resume auto
+    trains epoch 1 from its start, drawing what the uninterrupted run drew, and ends as it."""
+    args = DROPOUT + ["-j", "2"]
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1]"), timeout=240)
+    proc.kill()
+    finish(proc, timeout=240)
+    ckpt = read_checkpoint(tmp_path)
+    assert ckpt["epoch"] == 1 and "mid_epoch" not in ckpt
+    resumed = run_main([str(shapes), "--output-dir", str(tmp_path)] + args + ["--resume", "auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "' at epoch 1 (best Acc@1 " in resumed.stdout and "=> continuing epoch" not in resumed.stdout
+    summary = read_summary(tmp_path)
+    assert summary["status"] == "ok" and summary["trained_steps"] == 25, summary
+    mine, theirs = per_step(tmp_path), per_step(whole_dropout)
+    assert len(theirs[0]) == 50 and mine == theirs
+    assert same_weights(whole_dropout, tmp_path)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])

@@ -1,15 +1,17 @@
 """Graph mode (--compile): the training model compiled by the device's graph backend (inductor, torchair on NPU).
 
 Compiling happens at the first call, so the engine runs the first step through ``Graph.first_step``: timed apart
-(``compile_seconds``, out of FPS); where it fails, the buffers it changed are put back, a ``note:`` says why and the
-run trains eagerly from the same step. Only training forward and backward compile; checkpoints hold the eager
-model's state dict (no ``_orig_mod.`` prefix) and validation calls the eager model.
+(``compile_seconds``, out of FPS); where it fails, the buffers it changed and the generators it drew from are put
+back, a ``note:`` says why and the run trains eagerly from the same step. Only training forward and backward
+compile; checkpoints hold the eager model's state dict (no ``_orig_mod.`` prefix) and validation calls the eager
+model.
 """
 import time
 
 import torch
 
 from trainer.device import out_of_memory
+from trainer.record import checkpoint
 
 
 class Graph:
@@ -41,11 +43,13 @@ class Graph:
 
     def first_step(self, step, device, log):
         """``step()`` as the step that compiles, timed between two device syncs. Where it fails, the BatchNorm
-        statistics it moved are put back and it runs again eagerly (the optimizer had not stepped)."""
+        statistics it moved and what it drew (dropout) are put back and it runs again eagerly (the optimizer had not
+        stepped), drawing what an eager run's step draws."""
         self.pending = False
         if self.compiled is None:
             return step()
         saved = [(b, b.detach().clone()) for b in self.bare.buffers()]
+        rng = checkpoint.rng_states(device)
         device.synchronize()
         t0 = time.time()
         try:
@@ -57,6 +61,7 @@ class Graph:
             with torch.no_grad():
                 for buf, value in saved:
                     buf.copy_(value)
+            checkpoint.restore_rng(rng, device)
             self.current, self.compiled = self.eager, None
             self.note = "--compile: {} could not compile the model ({}: {}): training eagerly".format(
                 self.backend, type(exc).__name__, _first_line(exc))

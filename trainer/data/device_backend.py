@@ -240,7 +240,7 @@ def _roi_chunk(roi_align, images, meta, size, hmax, wmax):
 def loaders(spec, device, train_samples, val_samples):
     """(train loader or None, validation loader) decoded by ``spec.decode`` (not pinned: it copies the bytes)."""
     def loader(dataset, sampler, train):
-        batches = dataloader(dataset, spec.batch_per_rank, sampler, spec.workers, False, train, collate)
+        batches = dataloader(dataset, spec.batch_per_rank, sampler, spec.workers, False, train, collate, seed=spec.seed)
         return DeviceDecodeLoader(batches, device, spec.decode, spec.train_crop_size if train else spec.val_crop_size,
                                   train, resize=None if train else spec.val_resize_size,
                                   decode_ahead=spec.decode_ahead, batched_crops=spec.batched_crops)

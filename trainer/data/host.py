@@ -52,7 +52,7 @@ def loaders(spec, device, train_samples, val_samples):
 
     def loader(dataset, sampler, train):
         return dataloader(dataset, spec.batch_per_rank, sampler, spec.workers, device.pin_memory, train, collate,
-                          device.pin_memory_device)
+                          device.pin_memory_device, spec.seed)
     return backend_loaders(spec, train_samples, val_samples,
                            lambda samples, crop, train: ImageDataset(samples, crop), PaddedEvalDataset, loader)
 

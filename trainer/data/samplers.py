@@ -59,8 +59,15 @@ class ShardSampler(torch.utils.data.Sampler):
         return iter(self.indices)
 
 
-def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None, pin_memory_device=None):
+def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None, pin_memory_device=None,
+               seed=0):
+    """The DataLoader, with a generator of its own (the run's ``seed``): each iterator it makes draws its workers'
+    base seed from that, never from torch's global RNG, which the training step draws from (dropout) and a
+    checkpoint restores, so that iterating a loader, any time, with or without workers, leaves it as it was. (One
+    seed, not the epoch's: persistent workers take theirs from the first iterator, a resumed run's as the
+    uninterrupted run's; the samples' randomness is their own, ``sample_seed``.)"""
     kwargs = {"collate_fn": collate_fn} if collate_fn is not None else {}
+    kwargs["generator"] = torch.Generator().manual_seed(seed)
     if pin_memory and pin_memory_device:
         kwargs["pin_memory_device"] = pin_memory_device  # a device other than CUDA, on torch < 2.8
     if workers > 0:

@@ -282,6 +282,11 @@ def examples_scheduler(base_lr, epochs_done, lr):
     return state
 
 
+def rng_states(device):
+    """The generators a checkpoint keeps (``restore_rng`` puts them back): torch's, the device's, Python's."""
+    return {"torch": torch.get_rng_state(), "device": device.rng_state(), "python": random.getstate()}
+
+
 def restore_rng(states, device):
     states = states or {}
     if states.get("torch") is not None:
@@ -315,7 +320,7 @@ class CheckpointSaver:
         apex's ``amp``) and this project's, all loadable with ``torch.load(path, weights_only=True)``."""
         from trainer.guard import Diverged, all_finite
         state = dict(format_version=FORMAT_VERSION, epoch=epoch, **self.record)
-        rng = {"torch": torch.get_rng_state(), "device": self.device.rng_state(), "python": random.getstate()}
+        rng = rng_states(self.device)
         # best_acc1 as examples' --resume reads it (``best_acc1.to(args.gpu)``): a float64 0-dim tensor, 0 at first
         state.update(state_dict=self.model.state_dict(), lr_schedule=self.schedule.state_dict(), rng=rng,
                      best_acc1=torch.tensor(float(best_acc1) if best_acc1 is not None else 0.0, dtype=torch.float64))
