@@ -91,13 +91,21 @@ def last_line(path):
     return lines[-1][:300] if lines else ""
 
 
-def report_failure(p, ranks, logs, r):
+def report_stop(p, ranks, signum, since):
+    """The line of a job a stop signal ended: what each rank did, where rank 0 saved; returns the exit code."""
+    from trainer.job.ranks import stop_report
+    code, line = stop_report(ranks, signum, os.path.join(p.output_dir, "summary.json"), since, p.rank_ids,
+                             0 in p.rank_ids)
+    sys.stderr.write(line + "\n")
+    return code
+
+
+def report_failure(p, ranks, logs, r, since):
     """The one line that names the failed rank (its last log line, its log); returns the exit code."""
     rc = ranks.procs[r].returncode
-    from trainer.job.ranks import STOPPED, stopped_line
-    if rc in STOPPED:
-        sys.stderr.write(stopped_line(rc, p.output_dir))
-        return rc
+    from trainer.job.ranks import STOPPED
+    if rc in STOPPED:  # the signal reached the ranks alone
+        return report_stop(p, ranks, rc - 128, since)
     why = "was killed by signal {}".format(-rc) if rc < 0 else "failed with exit code {}".format(rc)
     last = last_line(logs[r])
     last = " (last log line: {})".format(last) if last else ""
@@ -216,18 +224,17 @@ def run(mode, scale, argv, env=None):
     ranks = Ranks(groups=True)
     try:
         with ranks:
-            with warning_blocked():  # each rank's main.py holds Slurm's warning from its first line
+            with ranks.starting(), warning_blocked():  # each rank's main.py holds Slurm's warning from its first line
                 logs = start_ranks(p, cmd, env, ranks)
             r = ranks.supervise()
     except Interrupted as exc:
         sys.stderr.write("interrupted ({}): stopping all ranks\n".format(name(exc.signum)))
         ranks.stop(exc.signum, grace=SIGNAL_GRACE)  # each rank saves its run at the step they agree on
-        sys.stderr.write("interrupted: all ranks stopped; logs in {}\n".format(p.output_dir))
-        return exc.exit_code
+        return report_stop(p, ranks, exc.signum, t0)
     finally:
         if ranks.running():
             ranks.stop()
-    code = report_failure(p, ranks, logs, r) if r is not None else 0
+    code = report_failure(p, ranks, logs, r, t0) if r is not None else 0
     if code:
         return code
     print("finished in {} s".format(int(time.time() - t0)) if scale == "1p" else

@@ -345,8 +345,39 @@ def test_two_spawned_ranks_stop_at_one_step_and_resume_exactly(shapes, tmp_path,
     stop = read_summary(tmp_path)["stopped"]
     assert stop["signal"] == "SIGTERM" and stop["epoch"] == 1 and 5 <= stop["step"] < 25, stop
     assert read_checkpoint(tmp_path)["mid_epoch"]["step"] == stop["step"]
+    checkpoint = str(tmp_path / "checkpoint.pth.tar")
+    assert stop["checkpoint"] == checkpoint, stop
+    # the supervisor's last line: what the ranks did, the step saved and the checkpoint that holds it
+    line = "interrupted by SIGTERM: all 2 ranks stopped at epoch 1 step {} (global step {}); checkpoint '{}'; " \
+        "continue with --resume auto".format(stop["step"], stop["global_step"], checkpoint)
+    assert err.splitlines()[-1] == line, err[-3000:]
     assert not os.path.exists(str(tmp_path / "run.lock"))
     assert_resumes_exactly(shapes, tmp_path, args, stop, whole_two)
+
+
+@RANKS
+def test_a_sigterm_to_spawns_supervisor_while_the_ranks_start_claims_no_checkpoint(shapes, tmp_path):
+    """SIGTERM to the supervisor once both ranks exist, before their run's handlers: the signal ends them as they
+    start. Nothing was trained or saved, and the supervisor says so (143, no checkpoint named or claimed)."""
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + TINY +
+                            SPAWN, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while len(spawned_ranks(proc.pid)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        out, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    last = err.splitlines()[-1]
+    assert last.startswith("interrupted by SIGTERM: ") and "no checkpoint" in last, err[-3000:]
+    assert "checkpoints in" not in err and "checkpoint '" not in err, err[-3000:]
+    assert not [line for line in out.splitlines() if line.startswith("Epoch: [")], "a step was trained"
+    assert not os.path.exists(str(tmp_path / "checkpoint.pth.tar"))
 
 
 @RANKS
@@ -355,7 +386,8 @@ def test_a_signal_to_one_rank_while_the_job_builds_stops_every_rank_before_train
     keeps the request rather than leaving (rank 0 would wait for it in a collective), the ranks agree on it before
     the first step, both save nothing and end 143, and the supervisor says so."""
     code, out, err = signalled_while_building(shapes, tmp_path, TINY + SPAWN, signal.SIGTERM, ranks=2)
-    assert "interrupted: SIGTERM stopped the ranks, all ranks stopped" in err, err[-3000:]
+    assert err.splitlines()[-1] == "interrupted by SIGTERM: all 2 ranks stopped at epoch 0 step 0 (global step 0); " \
+        "no checkpoint yet (summary in '{}')".format(tmp_path), err[-3000:]
     assert_stopped_before_training(tmp_path, code, out, err, signal.SIGTERM)
 
 

@@ -18,7 +18,7 @@ from trainer.device import Device
 from trainer.job import launch
 from trainer.job import ranks as supervision
 from trainer.job.placement import Asked, place
-from trainer.job.ranks import Interrupted, Ranks
+from trainer.job.ranks import Interrupted, Ranks, stop_report
 from trainer.errors import UsageError
 from trainer.optim.schedule import Schedule
 
@@ -412,6 +412,37 @@ def test_signals_raise_interrupted_inside_with_only():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)
     assert exc.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_while_the_ranks_start_waits_until_they_have_started():
+    started = []
+    with pytest.raises(Interrupted) as exc:
+        with Ranks() as ranks:
+            with ranks.starting():
+                os.kill(os.getpid(), signal.SIGTERM)
+                started.append("rank")
+    assert started == ["rank"] and exc.value.exit_code == 143
+
+
+def test_a_stop_that_had_to_kill_a_rank_is_an_error_that_claims_no_checkpoint(tmp_path):
+    """Rank 0 stops (143) at SIGTERM, rank 1 ignores it and is killed after the grace: exit 1, each rank named."""
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, {}); print('ready', flush=True); time.sleep(60)"
+    procs = [subprocess.Popen([sys.executable, "-c", code.format(handler)], stdout=subprocess.PIPE, text=True)
+             for handler in ("lambda *a: sys.exit(143)", "signal.SIG_IGN")]
+    since = time.time()
+    ranks = Ranks(procs)
+    try:
+        assert all(p.stdout.readline() == "ready\n" for p in procs)
+        ranks.stop(signal.SIGTERM, grace=1.0)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+    exit_code, line = stop_report(ranks, signal.SIGTERM, str(tmp_path / "summary.json"), since)
+    assert exit_code == 1 and line == "error: SIGTERM did not stop every rank at a step: rank 0 stopped (SIGTERM, " \
+        "exit code 143), rank 1 killed after 1 s: it had not stopped; no checkpoint written at this stop (rank 0's " \
+        "summary in '{}' records none)".format(tmp_path), line
 
 
 def test_default_workers_follow_the_cores_and_the_processes():

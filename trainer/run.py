@@ -109,6 +109,10 @@ def _worker(plan, section, stop, amp_timer):
         line = None if show_traces() else peer_failure(exc, section, dist.store)
         if line is None:  # this rank's own error (its traceback kept): the ranks it cuts off blame it
             dist.record_failure()
+        elif stop.asked:  # asked to stop, and a peer left first (one the signal ended before its run began)
+            _finish(rs, "interrupted", "stopped by {}; {}".format(stops.name(stop.signum), line))
+            log.warn("interrupted: " + line)
+            return stops.exit_code(stop.signum)
         if line is not None or out_of_memory(exc):
             line = line or cli.out_of_memory_line(plan, device)
             _finish(rs, "failed", line)

@@ -291,13 +291,16 @@ class Trainer:
         epoch, step = (done, step) if where is None else (where["epoch"], where["step"])
         global_step = epoch * self.steps + step
         if self.summary is not None:
+            # the checkpoint --resume auto continues from: this stop's, or the one this run resumed or saved last
+            kept = self.saver.last if where is not None or os.path.exists(self.saver.last) else None
             self.log("=> {}: stopped at epoch {} step {} of {} (global step {}); {}".format(
-                signame, epoch, step, self.steps, global_step, "checkpoint '{}'".format(self.saver.last)
-                if where is not None or os.path.exists(self.saver.last) else "no checkpoint yet"))
+                signame, epoch, step, self.steps, global_step, "checkpoint '{}'".format(kept) if kept else
+                "no checkpoint yet"))
             if where is not None:
                 self.saver.save_mid(dict(where, signal=signame), best_acc1)
             self._summarize(totals, best_acc1=best_acc1)
-            self.summary.update(stopped=dict(signal=signame, epoch=epoch, step=step, global_step=global_step))
+            self.summary.update(stopped=dict(signal=signame, epoch=epoch, step=step, global_step=global_step,
+                                             checkpoint=os.path.abspath(kept) if kept else None))
             self.summary.write("interrupted", "stopped by {} at epoch {} step {} (global step {}); continue with "
                                               "--resume auto".format(signame, epoch, step, global_step))
         self.dist.barrier()  # every rank leaves once the checkpoint is whole

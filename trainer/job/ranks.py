@@ -1,5 +1,8 @@
 """A node's rank processes: ``spawn`` (--multiprocessing-distributed) starts them, ``Ranks`` supervises them
-(spawn's and the ModelZoo drivers'): waits, names the rank to blame, stops the others, passes Ctrl-C on."""
+(spawn's and the ModelZoo drivers'): waits, names the rank to blame, stops the others, passes Ctrl-C on, and says
+what a stop did (``stop_report``: each rank's exit code, rank 0's summary.json and its checkpoint)."""
+import contextlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -32,24 +35,41 @@ class Interrupted(Exception):
         self.exit_code = exit_code(signum)
 
 
-def _on_signal(signum, frame):
-    raise Interrupted(signum)
-
-
 def _exit_code(proc):
     return proc.poll() if hasattr(proc, "poll") else proc.exitcode  # subprocess.Popen | multiprocessing.Process
 
 
 class Ranks:
     """The rank processes of one job on this node (``spawn``'s or the drivers'). ``groups``: each rank leads its own
-    process group (its loader workers included). Inside ``with ranks:`` a stop signal raises Interrupted."""
+    process group (its loader workers included). Inside ``with ranks:`` a stop signal raises Interrupted, once every
+    rank has started where they start inside ``with ranks.starting():``."""
 
     def __init__(self, procs=(), groups=False):
         self.procs, self.groups, self._handlers = list(procs), groups, {}
+        self.killed, self.grace = set(), None  # the ranks ``stop`` killed once its ``grace`` (s) had passed
+        self._held = None  # while the ranks start: None, else a list that keeps the signals
 
     def __enter__(self):
-        self._handlers = {s: signal.signal(s, _on_signal) for s in SIGNALS}
+        self._handlers = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
         return self
+
+    def _on_signal(self, signum, frame):
+        if self._held is not None:
+            self._held.append(signum)
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def starting(self):
+        """A stop signal waits until the block has started its ranks: one raised inside a start would leave a rank
+        that is not in ``procs`` (a spawned one without its arguments, EOFError), which nothing stops or reports."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+        if held:
+            raise Interrupted(held[0])
 
     def __exit__(self, *exc):
         for s, h in self._handlers.items():
@@ -86,7 +106,9 @@ class Ranks:
     def stop(self, sig=signal.SIGTERM, poll=0.2, grace=None):
         """``sig`` to every rank still running, SIGKILL (to their groups too) after ``grace`` (STOP_GRACE) seconds."""
         self.signal_all(sig)
-        self._settle(STOP_GRACE if grace is None else grace, poll)
+        self.grace = STOP_GRACE if grace is None else grace
+        self._settle(self.grace, poll)
+        self.killed.update(r for r, c in enumerate(self.codes()) if c is None)
         self.signal_all(signal.SIGKILL)
         for p in self.procs:
             (p.wait if hasattr(p, "wait") else p.join)()
@@ -118,12 +140,12 @@ def spawn(plan, worker):
             check_port_free(port)
     child = plan.placed(device_list=tuple(ids), world_size=section.nodes * nprocs, procs_per_node=nprocs,
                         rank=section.node_rank * nprocs, port=port)
-    ranks, trace_dir = Ranks(), tempfile.mkdtemp(prefix="ranks-")
+    ranks, trace_dir, since = Ranks(), tempfile.mkdtemp(prefix="ranks-"), time.time()
     traces = [os.path.join(trace_dir, "rank{}.trace".format(i)) for i in range(nprocs)]
     try:
         with ranks:
             context = multiprocessing.get_context("spawn")
-            with warning_blocked():  # a rank holds Slurm's warning from its first line
+            with ranks.starting(), warning_blocked():  # a rank holds Slurm's warning from its first line
                 for i in range(nprocs):
                     proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i], os.getpid()),
                                            name="spawn rank {}".format(i))
@@ -133,9 +155,8 @@ def spawn(plan, worker):
     except Interrupted as exc:
         # passed on (a terminal's Ctrl-C reached the ranks already, kill -INT did not): they stop at an agreed step
         ranks.stop(sig=exc.signum, grace=SIGNAL_GRACE)
-        sys.stderr.write("interrupted: all ranks stopped; summary and checkpoints in '{}'; continue with "
-                         "--resume auto\n".format(plan.run.output_dir))
-        return exc.exit_code
+        return _said(*stop_report(ranks, exc.signum, _summary_path(plan), since, _ids(child),
+                                  section.node_rank == 0))
     finally:
         if ranks.running():
             ranks.stop()
@@ -144,9 +165,9 @@ def spawn(plan, worker):
     if r is None:
         return 0
     code = ranks.codes()[r]
-    if code in STOPPED:
-        sys.stderr.write(stopped_line(code, plan.run.output_dir))
-        return code
+    if code in STOPPED:  # the signal reached the ranks alone
+        return _said(*stop_report(ranks, code - 128, _summary_path(plan), since, _ids(child),
+                                  section.node_rank == 0))
     if code in (2, EXIT_DIVERGED) or (code == 1 and not traces[r]):
         return code  # the rank printed its one-line error already (exit 1 without a traceback: a failure it named)
     sys.stderr.write(traces[r])
@@ -155,10 +176,79 @@ def spawn(plan, worker):
     return 1
 
 
-def stopped_line(code, output_dir):
-    """The line of a job whose ranks a signal stopped (``code``: 128 + the signal) without their supervisor."""
-    return "interrupted: {} stopped the ranks, all ranks stopped; summary and checkpoints in '{}'; continue with " \
-           "--resume auto\n".format(name(code - 128), output_dir)
+def _ids(plan):
+    return range(plan.launch.rank, plan.launch.rank + plan.launch.procs_per_node)
+
+
+def _summary_path(plan):
+    from trainer.record.files import EVAL_SUMMARY, SUMMARY
+    return os.path.join(plan.run.output_dir, EVAL_SUMMARY if plan.run.evaluate else SUMMARY)
+
+
+def _said(code, line):
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    return code
+
+
+def stop_record(summary_path, since):
+    """Rank 0's ``stopped`` record (signal, epoch, step, global_step, checkpoint) in ``summary_path`` if this job
+    (started at ``since``) wrote it, else None."""
+    try:
+        if os.path.getmtime(summary_path) < since:
+            return None  # an earlier run's
+        with open(summary_path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    record = data.get("stopped") if isinstance(data, dict) and data.get("status") == "interrupted" else None
+    return record if isinstance(record, dict) else None
+
+
+def _did(code, killed, grace):
+    """What a rank did at a stop, from its exit code (``killed``: after ``grace`` s)."""
+    if code is not None and code - 128 in SIGNALS:
+        return "stopped ({}, exit code {})".format(name(code - 128), code)
+    if killed:
+        return "killed after {:.0f} s: it had not stopped".format(grace)
+    if code is not None and code < 0 and -code in SIGNALS:
+        return "ended by {} as it started (its run had not begun)".format(name(-code))
+    if code is not None and code < 0:
+        return "killed by signal {}".format(-code)
+    return "finished" if code == 0 else "failed (exit code {})".format(code)
+
+
+def stop_report(ranks, signum, summary_path, since, rank_ids=None, holds_rank0=True):
+    """(The job's exit code, its last line) after a stop by ``signum``, from what each rank did: its exit code, and
+    rank 0's ``stopped`` record in ``summary_path`` written since ``since`` with the checkpoint it names.
+    128 + the signal where every rank stopped (saved, or nothing to save: the signal ended it as it started) or the
+    checkpoint was written; 1 where a rank failed or was killed before the stop was saved. ``rank_ids``: the
+    global ranks of this node's processes; ``holds_rank0``: rank 0 (the summary's writer) runs on this node."""
+    codes, folder = ranks.codes(), os.path.dirname(summary_path) or "."
+    rank_ids = list(range(len(codes)) if rank_ids is None else rank_ids)
+    record = stop_record(summary_path, since) if holds_rank0 else None
+    checkpoint = record.get("checkpoint") if record else None
+    saved = bool(checkpoint) and os.path.exists(checkpoint)
+    clean = all(c is not None and r not in ranks.killed and (c - 128 in SIGNALS or (c < 0 and -c in SIGNALS))
+                for r, c in enumerate(codes))
+    if all(c == exit_code(signum) for c in codes):
+        what = "all {} ranks stopped".format(len(codes))
+    else:
+        what = ", ".join("rank {} {}".format(rank_ids[r], _did(c, r in ranks.killed, ranks.grace))
+                         for r, c in enumerate(codes))
+    if record:
+        what += " at epoch {epoch} step {step} (global step {global_step})".format(**record)
+    if saved:
+        then = "checkpoint '{}'; continue with --resume auto".format(checkpoint)
+    elif not holds_rank0:
+        then = "rank 0's node holds the summary and any checkpoint; continue with --resume auto"
+    elif record:
+        then = "no checkpoint yet (summary in '{}')".format(folder)
+    else:
+        then = "no checkpoint written at this stop (rank 0's summary in '{}' records none)".format(folder)
+    if clean or saved:
+        return exit_code(signum), "interrupted by {}: {}; {}".format(name(signum), what, then)
+    return 1, "error: {} did not stop every rank at a step: {}; {}".format(name(signum), what, then)
 
 
 def _take_trace(path):
