@@ -1,9 +1,12 @@
 """A stopped run loses at most a step: real signals to real runs (trainer/job/stop.py). SIGTERM in the middle of
 an epoch saves a mid-epoch checkpoint, and --resume auto ends exactly as the uninterrupted run (every step's loss,
 Acc@1, the weights): one process, with and without data workers, and after a resolution change; a model with
-dropout (its step draws from torch's RNG, which no loader moves), mid-epoch and killed after an epoch; a kill -9 under
---save-every; 2 spawned ranks and a torchrun worker (make test-ranks); --amp on the NPU double (make test-npu). The
-summary names the signal and the step, the lock is released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
+dropout (its step draws from torch's RNG, which no loader moves), mid-epoch and killed after an epoch; a second
+signal while the stop writes its checkpoint; SIGTERM in a validation, the last epoch's too (saved first, the
+validation run by the resumed run); a kill -9 under --save-every; 2 spawned ranks and a torchrun worker (make
+test-ranks); --amp on the NPU double (make test-npu). The summary names the signal and the step, the lock is
+released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
+import fcntl
 import os
 import re
 import signal
@@ -17,7 +20,7 @@ import main as entry
 
 from conftest import (ONCE, PY, RANKS, ROOT, SMALL, STACK, child_env, finish, read_checkpoint, read_lines, read_metrics,
                       read_summary)
-from conftest import DOUBLE, assert_call_error, run_main, trained
+from conftest import DOUBLE, assert_call_error, dataset, run_main, trained
 from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
 from test_rendezvous import last_rank
 
@@ -203,6 +206,138 @@ def test_a_signal_to_the_whole_process_group_stops_at_a_step_and_resumes_exactly
     stop = read_summary(tmp_path)["stopped"]
     assert stop["signal"] == sig.name and stop["epoch"] == 1, stop
     assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+
+
+def waits_in_open(pid):
+    """Whether ``pid``'s main thread waits in open(2) for a FIFO's reader (the kernel's wait_for_partner; where
+    /proc/PID/wchan names no function, its syscall is open or openat)."""
+    try:
+        with open("/proc/{}/wchan".format(pid)) as f:
+            wchan = f.read().strip()
+        if wchan not in ("", "0"):
+            return wchan == "wait_for_partner"
+        with open("/proc/{}/syscall".format(pid)) as f:
+            return f.read().split()[0] in ("2", "56", "257")  # open (x86_64), openat (aarch64, x86_64)
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_second_signal_while_the_stop_writes_its_checkpoint_does_not_lose_it(shapes, tmp_path, whole):
+    """Slurm's warning, then SIGTERM while the stop writes its mid-epoch checkpoint: the write is held in the open
+    of its temporary file (a FIFO of that name waits for a reader), the FIFO is removed and SIGTERM sent there. The
+    signal is recorded, not acted on: the open goes on into a file, the checkpoint and summary are whole, the run
+    exits as the warning asked (138), and --resume auto ends as the uninterrupted run."""
+    args = TINY + ["-j", "0"]
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    try:
+        lines = read_lines(proc, lambda lines: lines[-1].startswith("Epoch: [1][ 5/"), timeout=240)
+        fifo = str(tmp_path / ".checkpoint.pth.tar.tmp-{}".format(proc.pid))  # checkpoint.atomic_write's
+        os.mkfifo(fifo)
+        proc.send_signal(signal.SIGUSR1)
+        lines += read_lines(proc, lambda lines: ": stopped at epoch 1 step" in lines[-1], timeout=240)
+        deadline = time.monotonic() + 240
+        while not waits_in_open(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, "the stop's write did not reach its open"
+            time.sleep(0.01)
+        os.remove(fifo)
+        proc.send_signal(signal.SIGTERM)
+        out, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines += out.splitlines()
+    assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
+    assert "=> SIGTERM while the run stopped: recorded, the checkpoint and summary were written whole" in lines
+    summary = read_summary(tmp_path)
+    stop = summary["stopped"]
+    assert summary["status"] == "interrupted" and stop["signal"] == "SIGUSR1" and stop["epoch"] == 1, summary
+    mid = read_checkpoint(tmp_path)["mid_epoch"]
+    assert (mid["epoch"], mid["step"], mid["signal"]) == (1, stop["step"], "SIGUSR1")
+    assert not [name for name in os.listdir(str(tmp_path)) if ".tmp-" in name]
+    assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
+
+
+@pytest.fixture(scope="module")
+def long_val(tmp_path_factory):
+    """shapes' 400 training images (25 steps of 16) and 2400 validation images: 150 validation batches."""
+    return dataset(tmp_path_factory, "longval", 10, 40, 240, seed=0)
+
+
+@pytest.fixture(scope="module")
+def whole_val(long_val, tmp_path_factory):
+    """The uninterrupted run on ``long_val``: its folder."""
+    out = tmp_path_factory.mktemp("whole_val")
+    trained(long_val, out, TINY + ["-j", "0"])
+    return out
+
+
+def stopped_in_validation(data, out, args, epoch):
+    """main.py on ``data`` into ``out``, sent SIGTERM once it prints a "Test: [" line of epoch ``epoch``'s
+    validation. Its stdout is a pipe of one page: the run cannot be more than two pages of lines (about 90 of its
+    150 "Test: [" lines) past the line read when the signal comes. Returns (code, stdout lines, the index of the line
+    the signal followed, stderr)."""
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(data), "--output-dir", str(out)] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    try:
+        fcntl.fcntl(proc.stdout.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)
+        trained_it = "Epoch: [{}][".format(epoch)
+        lines = read_lines(proc, lambda lines: lines[-1].startswith("Test: [") and any(
+            line.startswith(trained_it) for line in lines), timeout=240)
+        proc.send_signal(signal.SIGTERM)
+        out_text, err = finish(proc, timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, lines + out_text.splitlines(), len(lines) - 1, err
+
+
+def assert_stops_in_validation_and_resumes_exactly(data, out, args, epoch, reference):
+    """SIGTERM in epoch ``epoch``'s validation (of 2 epochs of 25 steps): the run stops within it (no Acc@1 line,
+    no step after it), saves the epoch's checkpoint with its validation due, exits 143, ``interrupted``; --resume
+    auto runs that validation first, trains on, and ends as ``reference``: every step's loss, every validation,
+    best_acc1, the weights, model_best's."""
+    code, lines, at, err = stopped_in_validation(data, out, args, epoch)
+    assert code == 128 + signal.SIGTERM, (lines[-20:], err[-3000:])
+    after = lines[at:]
+    assert not [line for line in after if line.startswith((" *   Acc@1", "Epoch: ["))], after
+    done = epoch + 1
+    assert "=> SIGTERM: stopped at epoch {} step 0 of 25 (global step {}), before epoch {}'s validation; " \
+           "checkpoint".format(done, 25 * done, epoch) in "\n".join(after), after[-5:]
+    summary = read_summary(out)
+    assert summary["status"] == "interrupted", summary
+    assert summary["stopped"] == dict(signal="SIGTERM", epoch=done, step=0, global_step=25 * done,
+                                      validation_due=True), summary["stopped"]
+    saved = read_checkpoint(out)
+    assert saved["epoch"] == done and "mid_epoch" not in saved and saved["validation_due"]["signal"] == "SIGTERM"
+    records = read_metrics(out) if os.path.exists(str(out / "metrics.jsonl")) else []
+    assert [r["epoch"] for r in records] == list(range(epoch))  # the epoch's record waits for its validation
+    resumed = run_main([str(data), "--output-dir", str(out)] + args + ["--resume", "auto"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "=> validating epoch {} first: SIGTERM stopped the run before its validation".format(epoch) \
+        in resumed.stdout, resumed.stdout[-3000:]
+    trained_lines = [line for line in resumed.stdout.splitlines() if line.startswith("Epoch: [")]
+    assert all(line.startswith("Epoch: [{}]".format(done)) for line in trained_lines), trained_lines[:3]
+    mine, theirs = read_summary(out), read_summary(reference)
+    assert mine["status"] == "ok" and mine["trained_steps"] == 25 * (2 - done), mine
+    assert mine["best_acc1"] == theirs["best_acc1"] and mine["final_acc1"] == theirs["final_acc1"]
+    assert per_step(out) == per_step(reference)
+    validations = [[(r["epoch"], r["val_loss"], r["val_acc1"]) for r in read_metrics(f)] for f in (out, reference)]
+    assert validations[0] == validations[1] and len(validations[0]) == 2
+    assert same_weights(reference, out)
+    best = [read_checkpoint(f, "model_best.pth.tar")["state_dict"] for f in (out, reference)]
+    assert best[0].keys() == best[1].keys() and all(torch.equal(best[0][k], best[1][k]) for k in best[1])
+
+
+def test_sigterm_during_validation_saves_first_and_the_resumed_run_validates(long_val, tmp_path, whole_val):
+    """Before: the validation ran on, the epoch's checkpoint was written, a step of the next epoch trained, then
+    the run stopped."""
+    assert_stops_in_validation_and_resumes_exactly(long_val, tmp_path, TINY + ["-j", "0"], 0, whole_val)
+
+
+def test_sigterm_during_the_last_epochs_validation_is_not_swallowed(long_val, tmp_path, whole_val):
+    """Before: the last validation ran on and the run ended ``ok``, exit 0."""
+    assert_stops_in_validation_and_resumes_exactly(long_val, tmp_path, TINY + ["-j", "0"], 1, whole_val)
 
 
 @ONCE

@@ -73,7 +73,8 @@ class Loops:
 
     A stop signal: one process stops after the step it arrived in (a host flag). Several ranks agree on the step:
     the max-reduced flag travels with the meters' read at print steps, the sync that exists already, so every rank
-    stops after the same step with no added sync. --save-every's interval is agreed alike."""
+    stops after the same step with no added sync. --save-every's interval is agreed alike. Validation stops alike,
+    after the batch (one process) or at the print step (several ranks) where the stop is agreed."""
 
     device: Any
     dist: Any
@@ -92,6 +93,16 @@ class Loops:
         self.save_every = 60.0 * self.run.save_every if self.save is not None and self.run.save_every else None
         self._saved_at = time.time()
         self.first_steps, self.stop_requested, self.stopped_by, self.position = None, False, None, None
+
+    def agree(self, signum):
+        """Every rank stops for ``signum`` (the stop request holds further signals until the exit)."""
+        self.stop_requested, self.stopped_by = True, signum
+        if self.stop is not None:
+            self.stop.agree(signum)
+
+    def _stoppable(self):
+        """Whether the loops check for a stop (the run's epochs, not --evaluate): alike on every rank."""
+        return self.stop is not None and self.stop.armed
 
     def _asked(self):
         """(the stop signal's number or 0, whether --save-every's interval has passed), this process's view."""
@@ -217,16 +228,19 @@ class Loops:
             **{"img/s": span.steps * batch * dist.world_size / span.seconds}))
         ep.guard.check(dist, ep.epoch, ep.lr_at, step.step.loss_scale, counters)  # the counters read with the meters
         if agreed:
-            self.stop_requested, self.stopped_by = True, agreed
+            self.agree(agreed)
             if i + 1 < steps:  # mid-epoch: what the checkpoint keeps of the loop
                 self.position = self._position(ep, i, None if regular else seen)
         return agreed, due
 
     @torch.no_grad()
     def validate(self, model, loader, criterion, ema=False):
-        """Every validation image counted once (padding masked out): a metrics.EvalStats. ``criterion``: per
-        sample; ``ema``: ``model`` is --model-ema's average (lines "Test EMA: ", " *   EMA Acc@1")."""
+        """Every validation image counted once (padding masked out): a metrics.EvalStats, or None where a stop was
+        agreed before its end (``stopped_by``). ``criterion``: per sample; ``ema``: ``model`` is --model-ema's
+        average (lines "Test EMA: ", " *   EMA Acc@1")."""
         dev, dist, rec, p = self.device, self.dist, self.recorder, self.precision
+        stoppable = self._stoppable()
+        several = stoppable and dist.world_size > 1
         model.eval()
         steps = len(loader)
         sums = metrics.Sums(dev)
@@ -243,11 +257,19 @@ class Loops:
             c1, c5 = metrics.correct_counts(output, y, m)
             sums.add((per_sample * m).sum(), c1, c5, m.sum())
             rec.step(images.shape[0])
+            agreed = (self.stop.signum or 0) if stoppable and not several else 0  # one process: this batch's end
             if i % self.run.print_freq == 0 or i == steps - 1:
-                interval, running = sums.read(dist.all_reduce_sum)
+                extras = dict(asked=dist.all_reduce_max(dev.move(torch.tensor([float(self.stop.signum or 0)])))) \
+                    if several else {}
+                interval, running, live = sums.read(dist.all_reduce_sum, extras)  # several ranks agree here
+                agreed = int(live["asked"]) if several else agreed
                 meters.update(clock.span(i), interval, running)
                 if not rec.bar:
                     self.log(self.zoo.prefix + meters.line(i + 1))
+            if agreed:
+                self.agree(agreed)
+                rec.end_phase()
+                return None
         rec.end_phase()
         _, running = sums.read(dist.all_reduce_sum)
         self.log(metrics.summary_line(running["acc1"], running["acc5"], "EMA " if ema else ""))

@@ -100,8 +100,9 @@ def plan(cfg, env=None, notes=()):
     resume = checkpoint.resolve_resume(run.resume, run.output_dir, run.checkpoint_prefix)
     resume = checkpoint.File(resume) if resume is not None else None
     if resume is not None and not run.evaluate:
-        done = resume.training(cfg.model.arch).epoch
-        if done >= run.epochs:
+        training = resume.training(cfg.model.arch)
+        done = training.epoch  # a last epoch whose validation a stop left due still has that to run
+        if done > run.epochs or done == run.epochs and not training.entries.get("validation_due"):
             raise UsageError("'{}' has completed {} epoch(s), and --epochs is {}: nothing left to train (raise "
                              "--epochs to continue)".format(resume.path, done, run.epochs))
 

@@ -2,6 +2,8 @@
 model, precision, loss, optimizer step, DDP / graph mode, schedule, profiler, checkpoint saver); ``fit()`` reads as
 pytorch/examples' main_worker (each epoch: train, validate, save, record; the loops: trainer/engine.py);
 ``evaluate()`` is --evaluate. Every field of summary.json a run fills is filled in ``summary_fields``."""
+import contextlib
+import dataclasses
 import math
 import os
 import secrets
@@ -29,6 +31,7 @@ class Trainer:
     def __init__(self, plan, device, dist, log, summary=None, amp_timer=None, stop=None):
         self.plan, self.device, self.dist, self.log, self.summary = plan, device, dist, log, summary
         self.stop, self.carry = stop, None  # carry: a mid-epoch checkpoint's position in its epoch
+        self.due = None  # an epoch checkpoint's validation not run yet (a stop came first): its epoch's training stats
         run, world = plan.run, dist.world_size
         self.batch_per_rank = run.batch_size // world
         # data-loader workers per process: -j (per node) shared by the node's processes, else the device's default
@@ -80,6 +83,7 @@ class Trainer:
         self.recorder, self.profiler, self.step, self.fallback_total = observe.Silent(), None, None, 0
         self.ema, self.last_ema_val = None, None  # --model-ema's average and its last validation
         self.model_for_eval, self.start_epoch, self.best_acc1, self.steps = self.model, run.start_epoch, None, 0
+        self.last_val = None
         if run.evaluate:
             self._log_notes(tuple(plan.notes) + tuple(n for n in (self.precision.note,) if n))
         else:
@@ -110,6 +114,9 @@ class Trainer:
             log("=> continuing epoch {} at step {} of {} (a mid-epoch checkpoint{})".format(
                 self.carry["epoch"], self.carry["step"], self.steps,
                 ", saved for {}".format(self.carry["signal"]) if self.carry.get("signal") else ""))
+        if self.due:
+            log("=> validating epoch {} first: {} stopped the run before its validation".format(
+                self.start_epoch - 1, self.due.get("signal") or "a stop"))
         self.ema = self._build_ema(resume)
         if self.dist.active and not self.precision.combine_ddp:  # with combine_ddp, apex all-reduces the gradients
             self.model = device.ddp(self.model, plan.launch.broadcast_buffers)
@@ -173,7 +180,7 @@ class Trainer:
                 plan.run.start_epoch, resume.epoch))
         log("=> resumed '{}' at epoch {} (best Acc@1 {})".format(resume.path, resume.epoch, resume.best_acc1))
         self.start_epoch, self.best_acc1 = resume.epoch, resume.best_acc1
-        self.carry = resume.entries.get("mid_epoch")
+        self.carry, self.due = resume.entries.get("mid_epoch"), resume.entries.get("validation_due")
 
     def _log_notes(self, notes):
         """Each note as a ``note:`` line of the log, and all of them in the summary."""
@@ -189,17 +196,22 @@ class Trainer:
                      self.plan.data.val_tta, self.precision, self.stop, self.batch_per_rank,
                      self._save_mid if self.step is not None else None)
 
+    def _writing(self):
+        """Around a checkpoint's and its summary's write: a signal meanwhile waits for it to be whole."""
+        return self.stop.writing() if self.stop is not None else contextlib.nullcontext()
+
     def _save_mid(self, position):
         """--save-every: a mid-epoch checkpoint (by the rank that writes them), noted in the summary."""
         if self.summary is None:
             return
-        self.saver.save_mid(position, self.best_acc1)
         saved = dict(epoch=position["epoch"], step=position["step"],
                      global_step=position["epoch"] * self.steps + position["step"])
+        with self._writing():
+            self.saver.save_mid(position, self.best_acc1)
+            self.summary.update(last_saved=saved)
+            self.summary.write()
         self.log("=> --save-every: checkpoint at epoch {epoch} step {step} (global step {global_step})".format(
             **saved))
-        self.summary.update(last_saved=saved)
-        self.summary.write()
 
     def _batch_print(self, images, target):
         """--deterministic: the fingerprint of the first batches so far, in the summary."""
@@ -208,14 +220,13 @@ class Trainer:
                 batches_sha256=self.batch_print.value(), batches_steps=self.batch_print.steps)
 
     def fit(self):
-        """The epochs: train, validate, save, record. Returns 0 (a failure raises)."""
+        """The epochs: train, validate, save, record. Returns 0, or 128 + a stop signal (a failure raises)."""
         run, dist, log, summary = self.plan.run, self.dist, self.log, self.summary
         self.recorder = _recorder(self)
         loops = self.loops = self._loops()
         try:
             totals = metrics.RunTotals()
-            best_acc1, last_val = self.best_acc1, None
-            self._summarize(totals, epochs_completed=self.start_epoch, best_acc1=best_acc1)
+            self._summarize(totals, epochs_completed=self.start_epoch, best_acc1=self.best_acc1)
             if summary is not None:
                 summary.started = True
                 if self.carry:
@@ -229,9 +240,15 @@ class Trainer:
                     # while one process did): they stop together, before training
                     asked = int(dist.max(self.stop.signum or 0, self.device))
                     if asked:
-                        loops.stop_requested, loops.stopped_by = True, asked
-                        return self._stopped(loops, totals, best_acc1, self.start_epoch,
-                                             self.carry["step"] if self.carry else 0)
+                        loops.agree(asked)
+                        return self._stopped(loops, totals, self.start_epoch, self.carry["step"] if self.carry else 0,
+                                             due=bool(self.due))
+            if self.due:  # the last epoch trained whole, its validation not run: first of all, as it would have run
+                code = self._end_epoch(loops, totals, self.start_epoch - 1, metrics.TrainStats(**dict(
+                    self.due["train"], step_losses=tuple(map(tuple, self.due["train"]["step_losses"])),
+                    step_lrs=tuple(map(tuple, self.due["train"]["step_lrs"])))))
+                if code is not None:
+                    return code
             resolution = data.schedule_of(self.plan.data)
             sizes = dict(resolution.changes(self.start_epoch, run.epochs)) if resolution is not None else {}
             for epoch in range(self.start_epoch, run.epochs):
@@ -241,34 +258,11 @@ class Trainer:
                 tr = loops.train_one_epoch(self.train_step, self.train_loader, epoch, self.steps,
                                            self.profiler, self._batch_print, carry)
                 if loops.position is not None:  # a stop signal in the middle of the epoch
-                    return self._stopped(loops, totals, best_acc1)
+                    return self._stopped(loops, totals)
                 totals.add(tr)
-                done = epoch + 1
-                val = None
-                if run.validate and (done % run.eval_freq == 0 or done == run.epochs or loops.stop_requested):
-                    val = last_val = loops.validate(self.model_for_eval, self.val_loader, self.eval_criterion)
-                is_best = val is not None and (best_acc1 is None or val.acc1 > best_acc1)
-                if is_best:
-                    best_acc1 = self.best_acc1 = val.acc1
-                overflow = self._check_health(epoch)
-                ema_val = None
-                if val is not None and self.ema is not None:
-                    ema_val = self.last_ema_val = loops.validate(self.ema.module, self.val_loader, self.eval_criterion,
-                                                                 ema=True)
-                if val is not None:
-                    self.recorder.validation(done * self.steps, dict(val.as_dict(), epoch_seconds=tr.seconds))
-                if ema_val is not None:
-                    self.recorder.validation(done * self.steps, ema_val.as_dict(), "val_ema")
-                if summary is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
-                    self.saver.save(done, best_acc1, is_best)
-                    self._summarize(totals, last_val, epochs_completed=done, train_acc1=tr.acc1, final_loss=tr.loss,
-                                    last_loss=tr.last_loss, first_steps_seconds=list(loops.first_steps or ()),
-                                    best_acc1=best_acc1)
-                    summary.write()
-                    self.recorder.epoch_record(self._epoch_record(epoch, tr, (val, ema_val), overflow))
-                dist.barrier()
-                if loops.stopped_by and done < run.epochs:  # a stop at the epoch's last step: the epoch's checkpoint
-                    return self._stopped(loops, totals, best_acc1, done)
+                code = self._end_epoch(loops, totals, epoch, tr)
+                if code is not None:
+                    return code
                 if loops.stop_requested and not loops.stopped_by:
                     log("=> stopping after the profiled steps (--profile-stop)")
                     break
@@ -283,26 +277,86 @@ class Trainer:
             log("=> summary: {}".format(os.path.abspath(summary.path)), all_ranks=True)  # a node's own folder's too
         return 0
 
-    def _stopped(self, loops, totals, best_acc1, done=None, step=0):
-        """A stop agreed by every rank: the mid-epoch checkpoint, the summary (``interrupted``), a Slurm requeue.
-        ``done``/``step``: where the stop came at an epoch's end or before training. Returns 128 + the signal."""
+    def _end_epoch(self, loops, totals, epoch, tr):
+        """After epoch ``epoch`` trained (``tr``: its metrics.TrainStats): validate where due, save, record, and the
+        ranks agree on a stop that came meanwhile. A stop before the validation ended saves the epoch's checkpoint
+        with the validation due (``validation_due``: the resumed run runs it first). Returns None, or the exit code
+        of a stop."""
+        run, dist, summary = self.plan.run, self.dist, self.summary
+        done = epoch + 1
+        due = run.validate and (done % run.eval_freq == 0 or done == run.epochs or
+                                loops.stop_requested and not loops.stopped_by)  # --profile-stop validates
+        val = ema_val = rng = None
+        if due and not loops.stopped_by:
+            rng = checkpoint.rng_states(self.device)  # what a stop in the validation saves: the states before it
+            val = loops.validate(self.model_for_eval, self.val_loader, self.eval_criterion)
+            if val is not None and self.ema is not None:
+                ema_val = loops.validate(self.ema.module, self.val_loader, self.eval_criterion, ema=True)
+        if due and loops.stopped_by:  # a stop at the epoch's last step or in its validation: saved first
+            return self._stopped(loops, totals, done, due=dict(train=dataclasses.asdict(tr)), rng=rng)
+        is_best = val is not None and (self.best_acc1 is None or val.acc1 > self.best_acc1)
+        if val is not None:
+            self.last_val = val
+        if is_best:
+            self.best_acc1 = val.acc1
+        overflow = self._check_health(epoch)
+        if ema_val is not None:
+            self.last_ema_val = ema_val
+        if val is not None:
+            self.recorder.validation(done * self.steps, dict(val.as_dict(), epoch_seconds=tr.seconds))
+        if ema_val is not None:
+            self.recorder.validation(done * self.steps, ema_val.as_dict(), "val_ema")
+        if summary is not None:  # rank 0, and each node's local rank 0 whose --output-dir is its own
+            with self._writing():
+                self.saver.save(done, self.best_acc1, is_best)
+                self._summarize(totals, self.last_val, epochs_completed=done, train_acc1=tr.acc1, final_loss=tr.loss,
+                                last_loss=tr.last_loss, first_steps_seconds=list(self.loops.first_steps or ()),
+                                best_acc1=self.best_acc1)
+                summary.write()
+            self.recorder.epoch_record(self._epoch_record(epoch, tr, (val, ema_val), overflow))
+        if self.stop is None:
+            dist.barrier()
+            return None
+        # every rank waits for the checkpoint here, and agrees on a stop that came since the last print step
+        asked = loops.stopped_by or int(dist.max(self.stop.signum or 0, self.device))
+        if not asked:
+            return None
+        loops.agree(asked)
+        return self._stopped(loops, totals, done)
+
+    def _stopped(self, loops, totals, done=None, step=0, due=None, rng=None):
+        """A stop agreed by every rank: what the run holds saved first (the mid-epoch checkpoint, or with ``due``, the
+        epoch's training stats, the epoch's checkpoint with its validation due; ``rng``: the RNG states it keeps,
+        those before the validation), the summary (``interrupted``), a Slurm requeue. ``done``/``step``: where the
+        stop came at an epoch's end or before training (``due`` True: the checkpoint there holds a validation due).
+        Returns 128 + the signal."""
         from trainer.job import stop as stops
-        where, signame = loops.position, stops.name(loops.stopped_by)
+        where, signame, best_acc1 = loops.position, stops.name(loops.stopped_by), self.best_acc1
         epoch, step = (done, step) if where is None else (where["epoch"], where["step"])
         global_step = epoch * self.steps + step
+        before = ", before epoch {}'s validation".format(epoch - 1) if due else ""
         if self.summary is not None:
             # the checkpoint --resume auto continues from: this stop's, or the one this run resumed or saved last
-            kept = self.saver.last if where is not None or os.path.exists(self.saver.last) else None
-            self.log("=> {}: stopped at epoch {} step {} of {} (global step {}); {}".format(
-                signame, epoch, step, self.steps, global_step, "checkpoint '{}'".format(kept) if kept else
+            kept = self.saver.last if where is not None or isinstance(due, dict) or os.path.exists(self.saver.last) \
+                else None
+            self.log("=> {}: stopped at epoch {} step {} of {} (global step {}){}; {}".format(
+                signame, epoch, step, self.steps, global_step, before, "checkpoint '{}'".format(kept) if kept else
                 "no checkpoint yet"))
             if where is not None:
                 self.saver.save_mid(dict(where, signal=signame), best_acc1)
+            elif isinstance(due, dict):
+                self.saver.save(done, best_acc1, False, dict(due, signal=signame), rng)
             self._summarize(totals, best_acc1=best_acc1)
-            self.summary.update(stopped=dict(signal=signame, epoch=epoch, step=step, global_step=global_step,
-                                             checkpoint=os.path.abspath(kept) if kept else None))
-            self.summary.write("interrupted", "stopped by {} at epoch {} step {} (global step {}); continue with "
-                                              "--resume auto".format(signame, epoch, step, global_step))
+            stopped = dict(signal=signame, epoch=epoch, step=step, global_step=global_step,
+                           checkpoint=os.path.abspath(kept) if kept else None)
+            if due:
+                stopped["validation_due"] = True
+            self.summary.update(stopped=stopped)
+            self.summary.write("interrupted", "stopped by {} at epoch {} step {} (global step {}){}; continue with "
+                                              "--resume auto".format(signame, epoch, step, global_step, before))
+            if self.stop is not None and self.stop.later:
+                self.log("=> {} while the run stopped: recorded, the checkpoint and summary were written whole".format(
+                    ", ".join(stops.name(s) for s in self.stop.later)))
         self.dist.barrier()  # every rank leaves once the checkpoint is whole
         if self.stop is not None:
             self.stop.ignore()  # nothing is left to stop: the requeue's SIGTERM must not cut the exit short
@@ -456,8 +510,10 @@ def _recorder(trainer):
     mode, note = observe.progress_mode(run.progress)
     if note:
         trainer.log("note: " + note)
-    return observe.Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", trainer.start_epoch, trainer.steps,
-                            trainer.plan.as_dict(), trainer.log, (trainer.carry or {}).get("step", 0))
+    at = (trainer.start_epoch - 1, trainer.steps) if trainer.due else (  # a due validation's epoch: recorded again
+        trainer.start_epoch, (trainer.carry or {}).get("step", 0))
+    return observe.Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", at[0], trainer.steps,
+                            trainer.plan.as_dict(), trainer.log, at[1])
 
 
 def _losses(prefix, stats):

@@ -1,12 +1,15 @@
-"""The one stop path of a run: SIGINT, SIGTERM and SIGUSR1 (Slurm's warning). In the training loop a signal sets a
-flag: the loop stops at a step every rank agrees on, saves a mid-epoch checkpoint and its summary, and exits with
-128 + the signal. In a one-process run a first SIGINT or SIGTERM outside the loop raises ``Stopped``; SIGUSR1 is
-kept until the loop starts, which stops before its first step and requeues. Several ranks never leave at a first
-signal (none may be left blocked in a collective): they agree on it before training and at print steps. A second
-signal always raises. A requeueable Slurm job stopped by the warning is requeued once its checkpoint is written
-(SIGTERM and SIGINT end it). Around the run (``hold_warning``: main.py's first line, a spawned rank's) SIGUSR1 is
-kept, never its default action: a warning while the process starts reaches the run's handlers, and one after the
-run ended leaves its exit code as it was.
+"""The one stop path of a run: SIGINT, SIGTERM and SIGUSR1 (Slurm's warning). In the training loop and in
+validation a signal sets a flag: the run stops at a point every rank agrees on (a step boundary, a validation
+batch, an epoch's end), saves first what it holds (the mid-epoch checkpoint, or the epoch's with its validation
+still due) and its summary, and exits with 128 + the signal. In a one-process run a first SIGINT or SIGTERM outside
+the loops raises ``Stopped``; SIGUSR1 is kept until the loop starts, which stops before its first step and
+requeues. Several ranks never leave at a first signal (none may be left blocked in a collective): they agree on it
+before training, at print steps and at an epoch's end. A second signal raises, but never while a checkpoint is
+written: from an agreed stop to the exit, and during any checkpoint's write, signals are recorded (``later``); a
+second one during another write is acted on once the write is whole. A requeueable Slurm job stopped by the warning
+is requeued once its checkpoint is written (SIGTERM and SIGINT end it). Around the run (``hold_warning``: main.py's
+first line, a spawned rank's) SIGUSR1 is kept, never its default action: a warning while the process starts reaches
+the run's handlers, and one after the run ended leaves its exit code as it was.
 """
 import contextlib
 import os
@@ -76,13 +79,15 @@ def exit_code(signum):
 
 
 class StopRequest:
-    """The signals' handler while a run trains. ``armed``: the loop checks ``signum`` at its step boundaries (else a
-    signal raises Stopped); ``several``: the ranks agree on the stop, so a first signal never raises."""
+    """The signals' handler while a run trains. ``armed``: the loops check ``signum`` at their safe points (else a
+    signal raises Stopped); ``several``: the ranks agree on the stop, so a first signal never raises; ``agreed``:
+    the stop the ranks agreed on, from which signals are only recorded (``later``) until the exit."""
 
     REPEAT = 2.0  # s: the same signal this soon is one delivered twice (Ctrl-C, and the supervisor passing it on)
 
     def __init__(self):
         self.signum, self.armed, self.several, self._previous, self._at = None, False, False, {}, 0.0
+        self.agreed, self.later, self._writing = None, [], 0
 
     def install(self, several=False):
         self.several = several
@@ -93,6 +98,24 @@ class StopRequest:
         if self._previous and kept():  # a warning while the process started: as if it came now
             self.signum, self._at = WARNING, time.time()
         return self
+
+    def agree(self, signum):
+        """Every rank stops for ``signum``: from here the run saves and exits, and no signal cuts that short."""
+        if self.signum is None:
+            self.signum, self._at = signum, time.time()
+        self.agreed = signum
+
+    @contextlib.contextmanager
+    def writing(self):
+        """A checkpoint (and its summary) being written: a signal meanwhile is recorded, not acted on; a second one
+        (``Stopped``) is raised once the write is whole, unless the stop is agreed (its exit follows anyway)."""
+        self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
+        if not self._writing and self.later and self.agreed is None:
+            raise Stopped(self.later[-1])
 
     def ignore(self):
         """The checkpoint is whole: later signals are ignored until ``restore``, so none cuts the exit short (Slurm
@@ -107,6 +130,12 @@ class StopRequest:
 
     def _on_signal(self, signum, frame):
         if self.signum == signum and time.time() - self._at < self.REPEAT:
+            return
+        if self.agreed is not None or self._writing:  # recorded: the write (and an agreed stop's exit) goes on
+            if self.signum is None:
+                self.signum, self._at = signum, time.time()
+            else:
+                self.later.append(signum)
             return
         if self.signum is not None or not (self.armed or self.several or signum == WARNING):
             self.signum = self.signum or signum

@@ -314,13 +314,14 @@ class CheckpointSaver:
         self.model, self.step, self.schedule, self.device, self.record = model, step, schedule, device, record
         self.ema = ema
 
-    def state(self, epoch, best_acc1, mid=None):
-        """The checkpoint of ``epoch`` epochs completed (``mid``: a mid-epoch one's position): pytorch/examples' and
-        the Ascend guide's keys (``epoch``, ``arch``, ``state_dict``, ``best_acc1``, ``optimizer``, ``scheduler``,
-        apex's ``amp``) and this project's, all loadable with ``torch.load(path, weights_only=True)``."""
+    def state(self, epoch, best_acc1, mid=None, rng=None):
+        """The checkpoint of ``epoch`` epochs completed (``mid``: a mid-epoch one's position; ``rng``: the RNG states
+        to keep, this moment's by default): pytorch/examples' and the Ascend guide's keys (``epoch``, ``arch``,
+        ``state_dict``, ``best_acc1``, ``optimizer``, ``scheduler``, apex's ``amp``) and this project's, all loadable
+        with ``torch.load(path, weights_only=True)``."""
         from trainer.guard import Diverged, all_finite
         state = dict(format_version=FORMAT_VERSION, epoch=epoch, **self.record)
-        rng = rng_states(self.device)
+        rng = rng or rng_states(self.device)
         # best_acc1 as examples' --resume reads it (``best_acc1.to(args.gpu)``): a float64 0-dim tensor, 0 at first
         state.update(state_dict=self.model.state_dict(), lr_schedule=self.schedule.state_dict(), rng=rng,
                      best_acc1=torch.tensor(float(best_acc1) if best_acc1 is not None else 0.0, dtype=torch.float64))
@@ -338,8 +339,14 @@ class CheckpointSaver:
             state["mid_epoch"] = mid
         return state
 
-    def save(self, epoch, best_acc1, is_best):
-        save(self.state(epoch, best_acc1), self.last)
+    def save(self, epoch, best_acc1, is_best, validation_due=None, rng=None):
+        """The checkpoint of ``epoch`` epochs completed; ``validation_due``: a stop came before the epoch's
+        validation (its training stats and the signal: ``--resume auto`` validates first), ``rng``: the states before
+        that validation."""
+        state = self.state(epoch, best_acc1, rng=rng)
+        if validation_due is not None:
+            state["validation_due"] = validation_due
+        save(state, self.last)
         if is_best:
             copy(self.last, self.best)
         if self.freq and epoch % self.freq == 0:  # --checkpoint-freq N: a file of its own every N epochs
