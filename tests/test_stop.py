@@ -307,7 +307,8 @@ def assert_stops_in_validation_and_resumes_exactly(data, out, args, epoch, refer
     summary = read_summary(out)
     assert summary["status"] == "interrupted", summary
     assert summary["stopped"] == dict(signal="SIGTERM", epoch=done, step=0, global_step=25 * done,
-                                      validation_due=True), summary["stopped"]
+                                      validation_due=True, checkpoint=os.path.join(str(out), "checkpoint.pth.tar")), \
+        summary["stopped"]
     saved = read_checkpoint(out)
     assert saved["epoch"] == done and "mid_epoch" not in saved and saved["validation_due"]["signal"] == "SIGTERM"
     records = read_metrics(out) if os.path.exists(str(out / "metrics.jsonl")) else []
@@ -375,11 +376,26 @@ sys.exit(code)
 """
 
 
+# SIGUSR1 as Python tears down this module at the exit, after it has put the handlers it set back to their defaults
+AT_THE_EXIT = """import os, runpy, signal, sys, time
+class Late:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.5)
+late = Late()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @ONCE
-def test_slurms_warning_after_the_run_ended_leaves_its_exit_code(shapes, tmp_path):
-    """SIGUSR1 once main.py's run has returned (Slurm's warning to a job that ends within its time): kept, not
-    SIGUSR1's default action, so the process exits 0 and its job is COMPLETED, not FAILED by signal 10."""
-    proc = subprocess.run([PY, "-c", AFTER_THE_RUN, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir",
+@pytest.mark.parametrize("when", ["after_the_run", "at_the_exit"])
+def test_slurms_warning_after_the_run_ended_leaves_its_exit_code(shapes, tmp_path, when):
+    """SIGUSR1 once main.py's run has returned (Slurm's warning to a job that ends within its time), or during
+    Python's exit: kept, or ignored, never SIGUSR1's default action, so the process exits 0 and its job is COMPLETED,
+    not FAILED by signal 10 (the Slurm lane's time-limit job once ended so)."""
+    script = AFTER_THE_RUN if when == "after_the_run" else AT_THE_EXIT
+    proc = subprocess.run([PY, "-c", script, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir",
                            str(tmp_path)] + TINY + ["-j", "0", "--epochs", "1"], capture_output=True, text=True,
                           env=child_env(), cwd=ROOT, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,6 +11,7 @@ is requeued once its checkpoint is written (SIGTERM and SIGINT end it). Around t
 first line, a spawned rank's) SIGUSR1 is kept, never its default action: a warning while the process starts reaches
 the run's handlers, and one after the run ended leaves its exit code as it was.
 """
+import atexit
 import contextlib
 import os
 import signal
@@ -26,12 +27,20 @@ def _keep(signum, frame):
     _KEPT.append(signum)
 
 
+def _ignore_warning():
+    signal.signal(WARNING, signal.SIG_IGN)
+
+
 def hold_warning():
     """From here on SIGUSR1 outside a run's handlers is kept (``kept``), not the end of the process; unblocked if the
-    process started with it blocked (``warning_blocked``: it waited there)."""
+    process started with it blocked (``warning_blocked``: it waited there). At the exit it is ignored: Python's exit
+    puts the handlers it set back to their defaults (SIGUSR1's ends the process) while it tears down modules and
+    torch, so a warning then would end a run that finished with signal 10 (Slurm: FAILED), not its exit code."""
     if WARNING is not None:
         signal.signal(WARNING, _keep)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {WARNING})
+        atexit.unregister(_ignore_warning)
+        atexit.register(_ignore_warning)
 
 
 def kept():
