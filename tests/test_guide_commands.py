@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_summary, run_main
+from trainer.device import torch_load
 from trainer import config
 from trainer.plan import plan
 
@@ -201,7 +202,7 @@ def test_bare_pretrained_loads_torchvisions_weights_from_its_cache_and_starts_a_
     assert proc.returncode == 0, proc.stderr[-3000:]
     notes = [ln for ln in proc.stdout.splitlines() if ln.startswith("note: --pretrained")]
     assert len(notes) == 1 and "1000 classes and this model has 10" in notes[0] and "fc.weight, fc.bias" in notes[0]
-    mine = torch.load(str(tmp_path / "o" / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    mine = torch_load(str(tmp_path / "o" / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
     assert torch.equal(mine["conv1.weight"], sd["conv1.weight"])  # lr 0: the loaded backbone, unchanged
     assert torch.equal(mine["layer4.1.conv2.weight"], sd["layer4.1.conv2.weight"])
     assert tuple(mine["fc.weight"].shape) == (10, 512)
