@@ -8,6 +8,13 @@ STAMP  := $(VENV)/.installed
 VENV_COMPAT  := .venv-torch2.1
 PY_COMPAT    := $(VENV_COMPAT)/bin/python
 STAMP_COMPAT := $(VENV_COMPAT)/.installed
+# the third: the Ascend 1.11 stack as its users install it (1.11_requirements.txt: torch 1.11.0, torchvision 0.12.0)
+# on Python 3.9, the newest Python with torch 1.11 wheels: pyenv's 3.9, else python3.9 on PATH (or PYTHON39=...)
+VENV_111  := .venv-torch1.11
+PY_111    := $(VENV_111)/bin/python
+STAMP_111 := $(VENV_111)/.installed
+PYTHON39  ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.9.*/bin/python) \
+                         $(shell command -v python3.9 2>/dev/null))
 # pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
 # marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
@@ -29,7 +36,7 @@ TOOLS_TESTS  := -m "tools and not graph and not ranks and not slurm and not doub
 # test-compat holds what make test, test-clients, test-bench and test-tools run on the pinned stack
 COMPAT_TESTS := -m "not graph and not ranks and not slurm and not double" --stack-only
 
-.PHONY: install install-compat test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat stress ci demo lint clean-demo check-device
+.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat test-torch1.11 test-ranks-torch1.11 stress ci demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -49,6 +56,21 @@ $(STAMP_COMPAT): requirements-compat.txt requirements-common.txt pyproject.toml
 	$(PY_COMPAT) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY_COMPAT) -m pip check
 	@./tools/install_system_deps.sh
+	@touch $@
+
+install-torch1.11: $(STAMP_111)
+
+# the venv made with a Python 3.9 (one line naming the way to get one where none is found), then 1.11_requirements.txt
+# as users run it, then what the tests need (requirements-torch1.11-tests.txt)
+$(STAMP_111): 1.11_requirements.txt requirements-torch1.11-tests.txt pyproject.toml
+	@test -x $(PY_111) || { $(if $(PYTHON39),$(PYTHON39),false) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' \
+	  2>/dev/null || { echo "error: torch 1.11 needs Python 3.9, and none was found (neither pyenv's" \
+	  "\$$(pyenv root)/versions/3.9.* nor python3.9 on PATH): install one (pyenv install 3.9) or name it" \
+	  "(make install-torch1.11 PYTHON39=/path/to/python3.9)" >&2; exit 2; }; $(PYTHON39) -m venv $(VENV_111); }
+	$(PY_111) -m pip install -q --disable-pip-version-check -r 1.11_requirements.txt
+	$(PY_111) -m pip install -q --disable-pip-version-check -r requirements-torch1.11-tests.txt
+	$(PY_111) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY_111) -m pip check
 	@touch $@
 
 # the pinned stack (requirements.txt)
@@ -89,6 +111,15 @@ test-compat: install-compat
 
 test-ranks-compat: install-compat
 	$(PY_COMPAT) -m pytest $(RANKS_TESTS) --stack-only $(PYTEST_ARGS)
+
+# torch 1.11.0 on Python 3.9 (1.11_requirements.txt): the tests marked "stack" of make test-compat's and
+# test-ranks-compat's selections; a test of what 1.11 cannot do skips with its reason (-rs lists them): the torch_npu
+# double (marker "fake_npu": no PrivateUse1 before torch 2.1), float16 autocast on a CPU, torch.compile
+test-torch1.11: install-torch1.11
+	$(PY_111) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+
+test-ranks-torch1.11: install-torch1.11
+	$(PY_111) -m pytest $(RANKS_TESTS) --stack-only $(PYTEST_ARGS)
 
 # graph mode (--compile): tests/test_graph.py on the pinned stack, then on torch 2.1.0
 test-graph: install

@@ -13,7 +13,7 @@ from conftest import ONCE, RANKS, SMALL, STACK, read_summary, run_main
 from trainer.precision import amp_probe
 from trainer import run as runmod
 from trainer.config import parse_config
-from trainer.device import Device
+from trainer.device import Device, torch_load
 from trainer.device import host as hostmod
 
 pytestmark = [ONCE, pytest.mark.timeout(300)]
@@ -68,7 +68,7 @@ def test_amp_trains_in_the_dtype_the_probe_measured_faster(shapes, tmp_path, cap
     assert len(note) == 1, out
     assert "float32 80.0 img/s" in note[0] and "bfloat16 {:.1f} img/s".format(probe["bfloat16_img_s"]) in note[0]
     assert note[0][len("note: "):] in amp["note"] and note[0][len("note: "):] in s["notes"]
-    ckpt = torch.load(str(tmp_path / "run" / "checkpoint.pth.tar"), map_location="cpu", weights_only=False)
+    ckpt = torch_load(str(tmp_path / "run" / "checkpoint.pth.tar"), map_location="cpu", weights_only=False)
     if bf16_faster:
         assert amp["enabled"] and amp["impl"] == "native" and amp["dtype"] == "bfloat16"
         assert probe["choice"] == "bfloat16" and "training in bfloat16" in note[0]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import SMALL, STACK, assert_one_line_error, dataset, read_summary, run_main
+from trainer.device import torch_load
 
 pytestmark = [STACK, pytest.mark.timeout(300)]
 
@@ -89,6 +90,6 @@ def test_published_weights_of_another_class_count_load_their_backbone(three, tmp
     assert s["status"] == "ok", s
     assert any("torchvision's weights are for 1000 classes and this model has 3" in n for n in s["notes"]), s["notes"]
     # lr 0: the backbone is the published one after training, the classifier is 3-wide
-    saved = torch.load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=False)["state_dict"]
+    saved = torch_load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=False)["state_dict"]
     assert torch.equal(saved["conv1.weight"], published["conv1.weight"])
     assert tuple(saved["fc.weight"].shape) == (3, 512)

@@ -11,6 +11,7 @@ import torch
 
 from conftest import (PY, RANKS, ROOT, SMALL, STACK, assert_one_line, assert_one_line_error, free_port, gone,
                       read_lines, read_summary, run_main)
+from trainer.device import torch_load
 
 pytestmark = [STACK, RANKS]
 
@@ -22,7 +23,7 @@ STEP = ["-a", "tiny_cnn", "--epochs", "1", "--max-steps-per-epoch", "1", "-b", "
 
 
 def weights(out_dir):
-    return torch.load(os.path.join(str(out_dir), "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    return torch_load(os.path.join(str(out_dir), "checkpoint.pth.tar"), weights_only=True)["state_dict"]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ DRIVERS = {"train_full_1p.sh": ("full", "1p"), "train_full_8p.sh": ("full", "8p"
            "train_performance_16p.sh": ("performance", "16p"), "train_cluster.sh": ("full", "cluster")}
 SOURCE_DIRS = ("trainer/", "tools/", "modelzoo/", "models/", "tests/", "docs/", "examples/", "bench/", "baselines/")
 TOP_FILES = ("main.py", "env_npu.sh", "Makefile", "README.md", "pyproject.toml", "requirements.txt",
-             "requirements-compat.txt", "requirements-common.txt", "1.11_requirements.txt", "8p_main_med.py")
+             "requirements-compat.txt", "requirements-common.txt", "1.11_requirements.txt",
+             "requirements-torch1.11-tests.txt", "8p_main_med.py")
 # flags of commands that are not this project's, named in the docs beside its own (pip, pytest, Slurm, shell tools)
 OTHER_FLAGS = {"--no-deps", "--index-url", "--extra-index-url", "--upgrade", "--user", "--force-reinstall",  # pip
                "--nproc-per-node",  # torchrun's own spelling of --nproc_per_node

@@ -19,7 +19,7 @@ from conftest import (DOUBLE, ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_li
                       read_lines, read_summary, trained)
 from modelzoo import acceptance
 from trainer.job.ranks import SIGNAL_GRACE
-from trainer.device import cpu_native_bf16
+from trainer.device import cpu_native_bf16, torch_load
 
 pytestmark = ONCE
 
@@ -793,8 +793,8 @@ def test_driver_and_main_recipe_resolve_alike_and_train_the_same_weights(imagene
     assert {k: a["config"][k] for k in keys} == {k: b["config"][k] for k in keys}
     assert a["config"]["lr"] == pytest.approx(4.0 * 8 / 8192) and a["config"]["warmup_epochs"] < 1
     import torch
-    wa = torch.load(str(drv_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
-    wb = torch.load(str(main_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    wa = torch_load(str(drv_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    wb = torch_load(str(main_out / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
     assert wa and set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 

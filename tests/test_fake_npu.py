@@ -20,9 +20,9 @@ import traceback
 
 import pytest
 
-from conftest import ONCE, RANKS, STACK
+from conftest import IMPORTS_FAKE_NPU, ONCE, RANKS, STACK
 
-pytestmark = STACK
+pytestmark = [STACK, IMPORTS_FAKE_NPU]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_DIR = os.path.join(HERE, "fake_npu")

@@ -1,6 +1,7 @@
 """The porting guides' commands as their users type them (seeds 000 and 002): each runs, or answers with one
 line; none stops with a traceback or a refusal the guide gives no reason for."""
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_summary, run_main
+from trainer.device import torch_load
 from trainer import config
 from trainer.plan import plan
 
@@ -96,6 +98,8 @@ def test_the_guides_launch_py_command_with_hccl_trains_on_cpu(tmp_path):
 
 
 @STACK
+@pytest.mark.skipif("weights_only" not in inspect.signature(torch.load).parameters,
+                    reason="torch.load takes weights_only from torch 1.13 on (trainer.device.torch_load loads without)")
 def test_a_checkpoint_holding_python_objects_is_refused_in_our_words(tmp_path):
     path = tmp_path / "examples_style.pth.tar"  # e.g. a checkpoint that kept the argparse Namespace
     torch.save({"state_dict": torch.nn.Linear(2, 2).state_dict(), "args": argparse.Namespace(lr=0.1)}, str(path))
@@ -201,7 +205,7 @@ def test_bare_pretrained_loads_torchvisions_weights_from_its_cache_and_starts_a_
     assert proc.returncode == 0, proc.stderr[-3000:]
     notes = [ln for ln in proc.stdout.splitlines() if ln.startswith("note: --pretrained")]
     assert len(notes) == 1 and "1000 classes and this model has 10" in notes[0] and "fc.weight, fc.bias" in notes[0]
-    mine = torch.load(str(tmp_path / "o" / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
+    mine = torch_load(str(tmp_path / "o" / "checkpoint.pth.tar"), weights_only=True)["state_dict"]
     assert torch.equal(mine["conv1.weight"], sd["conv1.weight"])  # lr 0: the loaded backbone, unchanged
     assert torch.equal(mine["layer4.1.conv2.weight"], sd["layer4.1.conv2.weight"])
     assert tuple(mine["fc.weight"].shape) == (10, 512)

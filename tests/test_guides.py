@@ -11,6 +11,7 @@ import torch
 
 import models
 from conftest import ONCE, PY, ROOT, SMALL, STACK, assert_one_line_error, read_lines, read_summary, run_main
+from trainer.device import torch_load
 from trainer.record import lock
 from trainer.errors import UsageError
 
@@ -52,7 +53,7 @@ def test_second_run_into_a_busy_folder_exits_2_and_the_first_finishes_untouched(
     assert a.returncode == 0, err[-2000:].decode()
     s = read_summary(tmp_path)
     assert s["status"] == "ok" and s["epochs_completed"] == 3
-    assert torch.load(s["checkpoint"], weights_only=True)["epoch"] == 3
+    assert torch_load(s["checkpoint"], weights_only=True)["epoch"] == 3
     assert not os.path.exists(os.path.join(str(tmp_path), lock.LOCK))  # released at the end
 
 
@@ -124,9 +125,9 @@ def test_a_guide_checkpoint_resumes_and_its_weights_load(shapes, tmp_path):
     assert "its loss-scaler state is not restored" in proc.stdout
     s = read_summary(out)
     assert s["status"] == "ok" and s["epochs_completed"] == 2
-    mine = torch.load(s["checkpoint"], weights_only=True)
+    mine = torch_load(s["checkpoint"], weights_only=True)
     assert mine["epoch"] == 2 and "amp" not in mine  # "amp" is written by apex runs only (apex's state)
-    assert set(mine["optimizer"]["state"]) == set(torch.load(ckpt, weights_only=True)["optimizer"]["state"])
+    assert set(mine["optimizer"]["state"]) == set(torch_load(ckpt, weights_only=True)["optimizer"]["state"])
     # --pretrained: a state-dict-only .pth with DDP's "module." prefix
     out2 = tmp_path / "pre"
     proc = run_main([shapes, "--output-dir", str(out2), "--epochs", "1", "--pretrained", weights, "--evaluate"] + RUN,

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from conftest import PY, ROOT, STACK
+from conftest import IMPORTS_FAKE_NPU, PY, ROOT, STACK
 
-pytestmark = STACK
+pytestmark = [STACK, IMPORTS_FAKE_NPU]
 
 FAKE = os.path.join(ROOT, "tests", "fake_npu")
 

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_summary, run_main
+from conftest import (IMPORTS_FAKE_NPU, ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_summary,
+                      run_main)
 from trainer.job import affinity
 from trainer.job.ranks import SIGNAL_GRACE
 from trainer.device import runtime
@@ -83,6 +84,7 @@ def probe(tmp_path, *flags, **env):
 
 
 @STACK
+@IMPORTS_FAKE_NPU
 def test_a2_defaults_binary_kernels_no_internal_format_pinned_loaders(tmp_path):
     obs = probe(tmp_path)  # the fake names an Atlas A2 (Ascend910B1)
     s = obs["settings"]
@@ -103,6 +105,7 @@ def test_910a_keeps_torch_npus_compile_mode_and_the_internal_format(tmp_path):
 
 
 @STACK
+@IMPORTS_FAKE_NPU
 def test_each_flag_turns_its_setting_the_other_way(tmp_path):
     obs = probe(tmp_path, "--jit-compile", "on", "--internal-format", "on", "--pin-memory", "off")
     s = obs["settings"]
@@ -117,6 +120,7 @@ def test_cpu_affinity_conf_leaves_binding_to_torch_npu(tmp_path):
 
 
 @STACK
+@IMPORTS_FAKE_NPU
 def test_torch_npu_without_profiler_profiles_through_autograd_use_npu(tmp_path):
     obs = probe(tmp_path, FAKE_NPU_LEGACY_PROFILER="1")
     assert obs["profile_calls"] == [["autograd.profiler.profile", {"use_npu": True}]]

@@ -9,7 +9,8 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ONCE, PY, ROOT, SMALL, STACK, assert_one_line_error, needs_cpu_float16, read_summary, run_main
+from conftest import (IMPORTS_FAKE_NPU, ONCE, PY, ROOT, SMALL, STACK, assert_one_line_error, needs_cpu_float16,
+                      read_summary, run_main)
 from trainer.precision import amp as ampmod
 from trainer import optim
 from trainer.config import OptimConfig, build_parser
@@ -270,6 +271,7 @@ print(json.dumps(obs))
 """
 
 
+@IMPORTS_FAKE_NPU
 def test_lars_on_the_npu_paths_native_and_apex():
     """On NPU the SGD is the device's NpuFusedSGD; LARS is this package's own, under torch_npu's GradScaler and
     under Ascend apex.amp alike, and skips an overflow step in both."""

@@ -2,6 +2,7 @@
 layer can return, the --amp-dtype decision with the capability probes forced both ways, and the
 divergence guard (in-process units, then whole runs on 1 and 2 processes)."""
 import copy
+import inspect
 import os
 
 import pytest
@@ -82,7 +83,9 @@ def test_overflow_step_changes_nothing_and_next_steps_equal_plain_sgd(kind, loss
     ref = copy.deepcopy(model)
     model, step = _stepped(precision(kind, loss_scale), model, fused=fused)
     assert step.optimizer.defaults.get("fused") in ((True,) if fused else (None, False))
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD, foreach=False)
+    # the reference: torch's single-tensor SGD (torch 1.11's SGD is that one and takes no ``foreach``)
+    loop = {"foreach": False} if "foreach" in inspect.signature(torch.optim.SGD).parameters else {}
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD, **loop)
     poison = {"on": False}
     first_weight = next(model.parameters())
     first_weight.register_hook(lambda g: g.clone().fill_(float("inf")) if poison["on"] else g)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import main as entry
-from conftest import (ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_call_error, assert_one_line_error, read_summary,
-                      run_main, trained)
+from conftest import (IMPORTS_FAKE_NPU, ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_call_error, assert_one_line_error,
+                      read_summary, run_main, trained)
 from conftest import read_checkpoint as ckpt, read_metrics as records
 from test_train import epoch_losses
 
@@ -248,6 +248,7 @@ print(json.dumps(obs))
 
 
 @STACK
+@IMPORTS_FAKE_NPU
 def test_norm_groups_and_the_average_on_the_npu_paths_native_and_apex():
     """On NPU, SGD is the device's NpuFusedSGD (apex's under Ascend apex.amp): it takes the two groups with their
     weight decay, and the average follows the steps."""

@@ -21,7 +21,7 @@ import main as entry
 from conftest import (ONCE, PY, RANKS, ROOT, SMALL, STACK, child_env, finish, read_checkpoint, read_lines, read_metrics,
                       read_summary)
 from conftest import DOUBLE, assert_call_error, dataset, run_main, trained
-from test_npu_double import double, fake_env  # noqa: F401 (a fixture)
+from test_npu_double import fake_env
 from test_rendezvous import last_rank
 
 # the signals clusters stop runs with: an outside client's (make test-clients; the ranks' and the double's runs stay
@@ -569,7 +569,7 @@ def test_a_torchrun_worker_stopped_by_sigterm_is_restarted_and_resumes_exactly(s
 
 
 @DOUBLE
-@pytest.mark.usefixtures("double")
+@pytest.mark.usefixtures("npu_double")
 def test_on_the_npu_double_with_amp_a_sigterm_then_resume_auto_equals_the_uninterrupted_run(shapes, tmp_path):
     """--device npu --amp on the torch_npu double (its GradScaler's state in the checkpoint): SIGTERM in epoch 1,
     then --resume auto, ends as the uninterrupted run."""

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import models
-from conftest import (ONCE, PY, ROOT, SMALL, STACK, assert_call_error, assert_one_line_error, call, read_summary,
-                      run_main, run_tool)
+from conftest import (IMPORTS_FAKE_NPU, ONCE, PY, ROOT, SMALL, STACK, assert_call_error, assert_one_line_error, call,
+                      read_summary, run_main, run_tool)
 from tools import compare_precision, export_onnx, op_report
 from trainer.record import checkpoint
 from trainer.device import Device
@@ -441,6 +441,7 @@ print(json.dumps({"last": s, "lines": lines, "calls": [list(c) for c in torch_np
 
 
 @STACK
+@IMPORTS_FAKE_NPU
 def test_step_profiler_on_npu_uses_torch_npu_profiler_and_its_files(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE, ROOT]), FAKE_NPU_DEVICE_COUNT="1")
     proc = subprocess.run([PY, "-c", NPU_PROFILE, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,

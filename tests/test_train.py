@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import ONCE, PY, ROOT, SMALL, STACK, child_env, finish, read_lines, read_summary, run_main
+from trainer.device import torch_load
 from tools.make_dataset import generate
 
 pytestmark = STACK
@@ -52,7 +53,7 @@ def test_two_epochs_learn_far_above_chance(full_run):
                      r"Loss [\d.e+-]+ \([\d.e+-]+\)\tAcc@1 +[\d.]+ \( *[\d.]+\)\tAcc@5 +[\d.]+ \( *[\d.]+\)$",
                      proc.stdout, re.M), proc.stdout[:2000]
     assert re.search(r"^ \*   Acc@1 [\d.]+ Acc@5 [\d.]+$", proc.stdout, re.M)
-    ck = torch.load(s["checkpoint"], map_location="cpu", weights_only=True)
+    ck = torch_load(s["checkpoint"], map_location="cpu", weights_only=True)
     assert ck["epoch"] == 2 and ck["arch"] == "tiny_cnn" and torch.is_tensor(ck["best_acc1"])
     assert float(ck["best_acc1"]) == s["best_acc1"]
     for key in ("optimizer", "scheduler", "lr_schedule", "precision", "rng", "config", "state_dict"):
@@ -149,7 +150,7 @@ def test_hard_crash_while_writing_checkpoint_keeps_previous(tmp_path):
     ).format(root=ROOT, path=str(path))
     proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 9
-    ck = torch.load(str(path), weights_only=True)
+    ck = torch_load(str(path), weights_only=True)
     assert ck["epoch"] == 1 and torch.equal(ck["w"], torch.arange(10))
 
 
@@ -163,7 +164,7 @@ def test_exception_while_writing_checkpoint_keeps_previous_and_cleans_up(tmp_pat
         raise OSError("disk full")
     with pytest.raises(OSError):
         checkpoint.atomic_write(path, broken)
-    assert torch.load(path, weights_only=True)["epoch"] == 1
+    assert torch_load(path, weights_only=True)["epoch"] == 1
     assert os.listdir(str(tmp_path)) == ["checkpoint.pth.tar"]
 
 
