@@ -11,7 +11,7 @@ import time
 import torch
 
 from trainer.device import out_of_memory
-from trainer.record import checkpoint
+from trainer.device import rng as checkpoint  # the RNG states a checkpoint keeps
 
 
 class Graph:

@@ -14,7 +14,7 @@ import torch
 import models
 from trainer import align, cli, data, graph, optim, zoo
 from trainer.job import affinity
-from trainer.precision import amp, amp_probe
+from trainer.precision import amp, amp_label, amp_probe
 from trainer.record import checkpoint, folders, metrics, observe
 from trainer.job.clusters import world_change
 from trainer.engine import Loops, TrainStep
@@ -222,7 +222,7 @@ class Trainer:
     def fit(self):
         """The epochs: train, validate, save, record. Returns 0, or 128 + a stop signal (a failure raises)."""
         run, dist, log, summary = self.plan.run, self.dist, self.log, self.summary
-        self.recorder = _recorder(self)
+        self.recorder = observe.recorder_of(self)
         loops = self.loops = self._loops()
         try:
             totals = metrics.RunTotals()
@@ -278,10 +278,8 @@ class Trainer:
         return 0
 
     def _end_epoch(self, loops, totals, epoch, tr):
-        """After epoch ``epoch`` trained (``tr``: its metrics.TrainStats): validate where due, save, record, and the
-        ranks agree on a stop that came meanwhile. A stop before the validation ended saves the epoch's checkpoint
-        with the validation due (``validation_due``: the resumed run runs it first). Returns None, or the exit code
-        of a stop."""
+        """After epoch ``epoch`` trained (``tr``: its TrainStats): validate where due, save, record, agree on a stop
+        (one before the validation ended saves with it due, ``validation_due``). None, or a stop's exit code."""
         run, dist, summary = self.plan.run, self.dist, self.summary
         done = epoch + 1
         due = run.validate and (done % run.eval_freq == 0 or done == run.epochs or
@@ -325,11 +323,8 @@ class Trainer:
         return self._stopped(loops, totals, done)
 
     def _stopped(self, loops, totals, done=None, step=0, due=None, rng=None):
-        """A stop agreed by every rank: what the run holds saved first (the mid-epoch checkpoint, or with ``due``, the
-        epoch's training stats, the epoch's checkpoint with its validation due; ``rng``: the RNG states it keeps,
-        those before the validation), the summary (``interrupted``), a Slurm requeue. ``done``/``step``: where the
-        stop came at an epoch's end or before training (``due`` True: the checkpoint there holds a validation due).
-        Returns 128 + the signal."""
+        """A stop agreed by every rank: what the run holds saved first (mid-epoch, or with ``due`` the epoch's, its
+        validation due, ``rng`` from before it), the summary (``interrupted``), a requeue. Returns 128 + the signal."""
         from trainer.job import stop as stops
         where, signame, best_acc1 = loops.position, stops.name(loops.stopped_by), self.best_acc1
         epoch, step = (done, step) if where is None else (where["epoch"], where["step"])
@@ -415,7 +410,8 @@ class Trainer:
                       per_device_batch_size=self.batch_per_rank, data_layout=self.info.layout,
                       data_backend=self.info.backend, data_workers=self.workers, num_classes=self.num_classes)
         if self.step is None:  # an evaluation
-            fields.update(amp=self.precision.describe(), num_classes=model_num_classes(self.model))
+            last = [m for m in self.model.modules() if isinstance(m, torch.nn.Linear)]  # the classifier's classes
+            fields.update(amp=self.precision.describe(), num_classes=last[-1].out_features if last else None)
         else:
             overflow = self.step.overflow_steps() if self.precision.scaled else 0
             trained = totals.trained_steps if totals is not None else 0
@@ -493,40 +489,12 @@ def build_model(section, num_classes, device, world, weights=None):
     return model
 
 
-def amp_label(precision):
-    """The precision as the run's first line and metrics.jsonl name it."""
-    if not precision.enabled:
-        if precision.probe is not None:
-            return "off (float32: measured faster than bfloat16 here)"
-        return "off" if precision.note is None else "off (float32: no native bfloat16 here)"
-    return "{} {}".format(precision.impl, precision.dtype_name)
-
-
-def _recorder(trainer):
-    """Rank 0's ``observe.Recorder`` (TensorBoard, metrics.jsonl, progress bar); ``Silent`` elsewhere."""
-    run = trainer.plan.run
-    if not trainer.dist.is_main:
-        return observe.Silent()
-    mode, note = observe.progress_mode(run.progress)
-    if note:
-        trainer.log("note: " + note)
-    at = (trainer.start_epoch - 1, trainer.steps) if trainer.due else (  # a due validation's epoch: recorded again
-        trainer.start_epoch, (trainer.carry or {}).get("step", 0))
-    return observe.Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", at[0], trainer.steps,
-                            trainer.plan.as_dict(), trainer.log, at[1])
-
-
 def _losses(prefix, stats):
     return {prefix + k: getattr(stats, k) if stats else None for k in ("loss", "acc1", "acc5")}
-
-
-def model_num_classes(model):
-    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    return last[-1].out_features if last else None
 
 
 def _unwrap(model):
     return getattr(model, "module", model)
 
 
-__all__ = ["Trainer", "build_model", "amp_label", "model_num_classes"]
+__all__ = ["Trainer", "build_model", "amp_label"]

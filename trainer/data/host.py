@@ -51,8 +51,8 @@ def loaders(spec, device, train_samples, val_samples):
     collate = channels_last_collate if spec.channels_last else None
 
     def loader(dataset, sampler, train):
-        return dataloader(dataset, spec.batch_per_rank, sampler, spec.workers, device.pin_memory, train, collate,
-                          device.pin_memory_device, spec.seed)
+        pin = (device.pin_memory_device or True) if device.pin_memory else False
+        return dataloader(dataset, spec.batch_per_rank, sampler, spec.workers, pin, train, collate, spec.seed)
     return backend_loaders(spec, train_samples, val_samples,
                            lambda samples, crop, train: ImageDataset(samples, crop), PaddedEvalDataset, loader)
 

@@ -59,17 +59,17 @@ class ShardSampler(torch.utils.data.Sampler):
         return iter(self.indices)
 
 
-def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None, pin_memory_device=None,
-               seed=0):
-    """The DataLoader, with a generator of its own (the run's ``seed``): each iterator it makes draws its workers'
-    base seed from that, never from torch's global RNG, which the training step draws from (dropout) and a
-    checkpoint restores, so that iterating a loader, any time, with or without workers, leaves it as it was. (One
+def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_fn=None, seed=0):
+    """The DataLoader (``pin_memory``: False, True, or the device to pin for where it must be named), with a
+    generator of its own (the run's ``seed``): each iterator it makes draws its workers' base seed from that, never
+    from torch's global RNG, which the training step draws from (dropout) and a checkpoint restores, so that
+    iterating a loader, any time, with or without workers, leaves it as it was. (One
     seed, not the epoch's: persistent workers take theirs from the first iterator, a resumed run's as the
     uninterrupted run's; the samples' randomness is their own, ``sample_seed``.)"""
     kwargs = {"collate_fn": collate_fn} if collate_fn is not None else {}
     kwargs["generator"] = torch.Generator().manual_seed(seed)
-    if pin_memory and pin_memory_device:
-        kwargs["pin_memory_device"] = pin_memory_device  # a device other than CUDA, on torch < 2.8
+    if isinstance(pin_memory, str):  # a device other than CUDA, on torch < 2.8: pin_memory_device
+        pin_memory, kwargs["pin_memory_device"] = True, pin_memory
     if workers > 0:
         # >= 4 batches under way (a lone worker's default is 2): a slow file or busy core does not stall the step
         kwargs.update(persistent_workers=True, prefetch_factor=max(2, int(math.ceil(4.0 / workers))),

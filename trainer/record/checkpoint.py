@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import random
 import shutil
 import warnings
 import zipfile
@@ -15,6 +14,7 @@ from typing import Optional
 import torch
 
 from trainer import device as devmod
+from trainer.device.rng import restore_rng, rng_states  # noqa: F401 (what a checkpoint keeps, read back)
 from trainer.errors import UsageError, one_line
 
 CHECKPOINT = "checkpoint.pth.tar"
@@ -280,23 +280,6 @@ def examples_scheduler(base_lr, epochs_done, lr):
     state = scheduler.state_dict()
     state["_last_lr"] = [lr]
     return state
-
-
-def rng_states(device):
-    """The generators a checkpoint keeps (``restore_rng`` puts them back): torch's, the device's, Python's."""
-    return {"torch": torch.get_rng_state(), "device": device.rng_state(), "python": random.getstate()}
-
-
-def restore_rng(states, device):
-    states = states or {}
-    if states.get("torch") is not None:
-        torch.set_rng_state(states["torch"])
-    if states.get("device") is not None:
-        with contextlib.suppress(Exception):  # a checkpoint from another device kind
-            device.set_rng_state(states["device"])
-    if states.get("python") is not None:
-        py = states["python"]
-        random.setstate((py[0], tuple(py[1]), py[2]))
 
 
 class CheckpointSaver:

@@ -134,3 +134,17 @@ def read_records(path):
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
     return out
+
+
+def recorder_of(trainer):
+    """A Trainer's rank 0's ``Recorder`` (TensorBoard, metrics.jsonl, progress bar); ``Silent`` elsewhere."""
+    run = trainer.plan.run
+    if not trainer.dist.is_main:
+        return Silent()
+    mode, note = progress_mode(run.progress)
+    if note:
+        trainer.log("note: " + note)
+    at = (trainer.start_epoch - 1, trainer.steps) if trainer.due else (  # a due validation's epoch: recorded again
+        trainer.start_epoch, (trainer.carry or {}).get("step", 0))
+    return Recorder(run.output_dir, run.tensorboard_dir, mode == "bar", at[0], trainer.steps, trainer.plan.as_dict(),
+                    trainer.log, at[1])
