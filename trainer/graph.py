@@ -11,7 +11,7 @@ import time
 import torch
 
 from trainer.device import out_of_memory
-from trainer.device import rng as checkpoint  # the RNG states a checkpoint keeps
+from trainer.device import rng as rngs  # the RNG states a checkpoint keeps
 
 
 class Graph:
@@ -49,7 +49,7 @@ class Graph:
         if self.compiled is None:
             return step()
         saved = [(b, b.detach().clone()) for b in self.bare.buffers()]
-        rng = checkpoint.rng_states(device)
+        rng = rngs.rng_states(device)
         device.synchronize()
         t0 = time.time()
         try:
@@ -61,7 +61,7 @@ class Graph:
             with torch.no_grad():
                 for buf, value in saved:
                     buf.copy_(value)
-            checkpoint.restore_rng(rng, device)
+            rngs.restore_rng(rng, device)
             self.current, self.compiled = self.eager, None
             self.note = "--compile: {} could not compile the model ({}: {}): training eagerly".format(
                 self.backend, type(exc).__name__, _first_line(exc))
