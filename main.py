@@ -10,7 +10,7 @@ from trainer import interpreter
 from trainer.job import stop
 
 if __name__ == "__main__":
-    stop.hold_warning()  # Slurm's warning (SIGUSR1) while the run starts or after it ended is kept, never fatal
+    stop.hold_stops()  # a stop signal while the run starts is kept for its handlers; Slurm's warning after it, ignored
     if not {"-h", "--help"} & set(sys.argv[1:]):  # --help needs none of them
         interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them, exit 2
 from trainer import errors
@@ -30,7 +30,12 @@ def _main(argv):
 
 
 def main(argv=None):
-    return errors.run(_main, argv)
+    try:
+        return errors.run(_main, argv)
+    except stop.Stopped as exc:  # a signal kept while the run started, acted on before it began (or a second one)
+        sys.stderr.write("interrupted by {}: the run had not begun; nothing to save\n".format(stop.name(exc.signum)))
+        sys.stderr.flush()
+        return stop.exit_code(exc.signum)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, toler
 from trainer import interpreter
 from trainer.errors import UsageError, counted
 from trainer.job.lifeline import die_with_parent
-from trainer.job.stop import hold_warning, warning_blocked
+from trainer.job.stop import hold_stops, stops_blocked
 
 # ---------------------------------------------------------------- launch and supervise
 
@@ -224,7 +224,7 @@ def run(mode, scale, argv, env=None):
     ranks = Ranks(groups=True)
     try:
         with ranks:
-            with ranks.starting(), warning_blocked():  # each rank's main.py holds Slurm's warning from its first line
+            with ranks.starting(), stops_blocked():  # each rank's main.py keeps the stop signals from its first line
                 logs = start_ranks(p, cmd, env, ranks)
             r = ranks.supervise()
     except Interrupted as exc:
@@ -273,5 +273,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    hold_warning()  # Slurm's warning (SIGUSR1) outside the supervision, as the report is written, is not fatal
+    hold_stops()  # a stop signal before the supervision is kept for it; Slurm's warning after it is not fatal
     sys.exit(main())

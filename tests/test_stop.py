@@ -7,6 +7,7 @@ validation run by the resumed run); a kill -9 under --save-every; 2 spawned rank
 test-ranks); --amp on the NPU double (make test-npu). The summary names the signal and the step, the lock is
 released. (The Slurm lane's requeue: tests/test_slurm.py.)"""
 import fcntl
+import json
 import os
 import re
 import signal
@@ -364,6 +365,26 @@ def test_slurms_warning_before_main_pys_first_line_is_kept(shapes, tmp_path):
     assert_stopped_before_training(tmp_path, proc.returncode, out, err, signal.SIGUSR1)
 
 
+@ONCE
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_ctrl_c_or_sigterm_before_main_pys_first_line_ends_the_run_before_it_begins(shapes, tmp_path, sig):
+    """main.py started with SIGINT or SIGTERM blocked and pending, as a supervisor starts its ranks: the signal is
+    kept from the first line and acted on once the run's handlers are installed. One process ends there: one line,
+    128 + the signal, nothing trained or left behind. Before, the signal stayed blocked and the run trained on."""
+    block = lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {sig})  # noqa: E731
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path)] + TINY +
+                            ["-j", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                            cwd=ROOT, preexec_fn=block)
+    proc.send_signal(sig)
+    out, err = finish(proc, timeout=240)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert err.strip().splitlines()[-1] == "interrupted by {}: the run had not begun; nothing to save".format(
+        sig.name), err[-3000:]
+    assert "Traceback" not in err and not [ln for ln in out.splitlines() if ln.startswith("Epoch: [")], out[-3000:]
+    assert not os.path.exists(os.path.join(str(tmp_path), "run.lock"))
+    assert not os.path.exists(os.path.join(str(tmp_path), "checkpoint.pth.tar"))
+
+
 AFTER_THE_RUN = """import os, runpy, signal, sys, time
 sys.argv = sys.argv[1:]
 try:
@@ -403,26 +424,32 @@ def test_slurms_warning_after_the_run_ended_leaves_its_exit_code(shapes, tmp_pat
 
 
 @ONCE
-def test_processes_started_while_the_warning_is_blocked_inherit_it_blocked():
-    """stop.warning_blocked, as spawn starts its ranks: a process started inside it has SIGUSR1 blocked (a warning
-    waits for the rank's hold_warning); one kept before is delivered to the handler in force on leaving."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=["INT", "TERM", "USR1"])
+def test_processes_started_while_the_stops_are_blocked_inherit_them_blocked(sig):
+    """stop.stops_blocked, as spawn and the drivers start their ranks: a process started inside it has every stop
+    signal blocked (one waits for the rank's hold_stops, and cannot end its interpreter while it starts); one kept
+    before is delivered to the handler in force on leaving. Before, only SIGUSR1 was blocked and kept: Ctrl-C passed
+    on to ranks still importing torch ended one (exit 1 or -2) and the others waited at the rendezvous."""
     from trainer.job import stop
-    previous = signal.getsignal(signal.SIGUSR1)
+    previous = {s: signal.getsignal(s) for s in stop.SIGNALS}
     seen = []
     try:
-        stop.hold_warning()
-        os.kill(os.getpid(), signal.SIGUSR1)  # kept, the process goes on
+        stop.hold_stops()
+        os.kill(os.getpid(), sig)  # kept, the process goes on
         time.sleep(0.1)
-        signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
-        probe = "import signal; print(signal.SIGUSR1 in signal.pthread_sigmask(signal.SIG_BLOCK, []))"
-        with stop.warning_blocked():
+        signal.signal(sig, lambda signum, frame: seen.append(signum))
+        probe = "import signal; print(sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])))"
+        with stop.stops_blocked():
             inside = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
         time.sleep(0.1)
         outside = subprocess.run([PY, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
     finally:
-        signal.signal(signal.SIGUSR1, previous)
-    assert (inside, outside) == ("True", "False")
-    assert seen == [signal.SIGUSR1] and not stop.kept()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    blocked = lambda text: {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1} & set(json.loads(text))  # noqa: E731
+    assert blocked(inside) == {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1} and not blocked(outside), \
+        (inside, outside)
+    assert seen == [sig] and stop.kept() is None
 
 
 def test_kill_9_with_save_every_loses_at_most_the_interval(shapes, tmp_path, whole):

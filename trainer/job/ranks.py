@@ -15,7 +15,7 @@ import traceback
 from trainer.guard import EXIT_DIVERGED
 from trainer.job.launch import check_port_free, free_port
 from trainer.job.lifeline import die_with_parent
-from trainer.job.stop import SIGNALS, exit_code, hold_warning, name, warning_blocked
+from trainer.job.stop import SIGNALS, exit_code, hold_stops, name, stops_blocked
 
 
 STOP_GRACE = 15.0  # seconds a rank is given to stop before it is killed
@@ -145,7 +145,7 @@ def spawn(plan, worker):
     try:
         with ranks:
             context = multiprocessing.get_context("spawn")
-            with ranks.starting(), warning_blocked():  # a rank holds Slurm's warning from its first line
+            with ranks.starting(), stops_blocked():  # a rank keeps the stop signals from its first line
                 for i in range(nprocs):
                     proc = context.Process(target=_spawn_entry, args=(i, child, worker, traces[i], os.getpid()),
                                            name="spawn rank {}".format(i))
@@ -262,7 +262,7 @@ def _take_trace(path):
 def _spawn_entry(local_index, plan, worker, trace_path, supervisor):
     """A spawned rank: run ``worker``, exit with its code; a traceback goes to ``trace_path`` for the supervisor to
     print once (exit 1). The rank ends with its ``supervisor`` (a pid), also when that was killed."""
-    hold_warning()
+    hold_stops()
     die_with_parent(signal.SIGTERM, supervisor)  # SIGTERM ends a rank at once (ranks leave it unhandled)
     plan = plan.placed(local_rank=local_index, rank=plan.launch.rank + local_index)
     try:

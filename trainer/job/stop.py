@@ -1,15 +1,16 @@
-"""The one stop path of a run: SIGINT, SIGTERM and SIGUSR1 (Slurm's warning). In the training loop and in
-validation a signal sets a flag: the run stops at a point every rank agrees on (a step boundary, a validation
-batch, an epoch's end), saves first what it holds (the mid-epoch checkpoint, or the epoch's with its validation
-still due) and its summary, and exits with 128 + the signal. In a one-process run a first SIGINT or SIGTERM outside
-the loops raises ``Stopped``; SIGUSR1 is kept until the loop starts, which stops before its first step and
-requeues. Several ranks never leave at a first signal (none may be left blocked in a collective): they agree on it
-before training, at print steps and at an epoch's end. A second signal raises, but never while a checkpoint is
-written: from an agreed stop to the exit, and during any checkpoint's write, signals are recorded (``later``); a
-second one during another write is acted on once the write is whole. A requeueable Slurm job stopped by the warning
-is requeued once its checkpoint is written (SIGTERM and SIGINT end it). Around the run (``hold_warning``: main.py's
-first line, a spawned rank's) SIGUSR1 is kept, never its default action: a warning while the process starts reaches
-the run's handlers, and one after the run ended leaves its exit code as it was.
+"""The one stop path of a run: SIGINT, SIGTERM and SIGUSR1 (Slurm's warning). In the training loop and in validation a
+signal sets a flag: the run stops at a point every rank agrees on (a step boundary, a validation batch, an epoch's
+end), saves first what it holds (the mid-epoch checkpoint, or the epoch's with its validation still due) and its
+summary, and exits with 128 + the signal. In a one-process run a first SIGINT or SIGTERM outside the loops raises
+``Stopped``; SIGUSR1 waits for the loop, which stops before its first step and requeues. Several ranks never leave
+at a first signal (none may be left blocked in a collective): they agree on it before training, at print steps and
+at an epoch's end. A second signal raises, but never while a checkpoint is written: from an agreed stop to the exit,
+and during any checkpoint's write, signals are recorded (``later``); a second one during another write is acted on
+once the write is whole. A requeueable Slurm job stopped by the warning is requeued once its checkpoint is written
+(SIGTERM and SIGINT end it). Before the run's handlers (``hold_stops``: main.py's first line, a spawned rank's) a
+stop signal is kept, never its default action, and acted on as they are installed: a rank that a signal ended while
+it imported would leave the others waiting for it at the rendezvous (a second one this early ends the process).
+After the run SIGUSR1 is ignored, so one then leaves the exit code as it was.
 """
 import atexit
 import contextlib
@@ -20,50 +21,54 @@ import time
 
 WARNING = getattr(signal, "SIGUSR1", None)  # Slurm's warning signal: kept until the loop can act on it
 SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, WARNING) if s is not None)
-_KEPT = []  # warnings that came while no run's handler was installed
+_KEPT = []  # (signal, time) of the stop signals that came while no run's handler was installed
+REPEAT = 2.0  # s: the same signal this soon is one delivered twice (Ctrl-C, and the supervisor passing it on)
 
 
 def _keep(signum, frame):
-    _KEPT.append(signum)
+    if _KEPT and signum != WARNING and time.time() - _KEPT[0][1] >= REPEAT:
+        raise Stopped(signum)  # a second SIGINT or SIGTERM while the process starts: it ends now
+    _KEPT.append((signum, time.time()))
 
 
 def _ignore_warning():
     signal.signal(WARNING, signal.SIG_IGN)
 
 
-def hold_warning():
-    """From here on SIGUSR1 outside a run's handlers is kept (``kept``), not the end of the process; unblocked if the
-    process started with it blocked (``warning_blocked``: it waited there). At the exit it is ignored: Python's exit
-    puts the handlers it set back to their defaults (SIGUSR1's ends the process) while it tears down modules and
-    torch, so a warning then would end a run that finished with signal 10 (Slurm: FAILED), not its exit code."""
+def hold_stops():
+    """From here on a stop signal outside a run's handlers is kept (``kept``), not the end of the process; unblocked
+    if the process started with them blocked (``stops_blocked``: they waited there). At the exit SIGUSR1 is ignored:
+    Python's exit puts the handlers it set back to their defaults (SIGUSR1's ends the process) while it tears down
+    modules and torch, so a warning then would end a run that finished with signal 10 (Slurm: FAILED), not its exit
+    code."""
+    for s in SIGNALS:
+        signal.signal(s, _keep)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))
     if WARNING is not None:
-        signal.signal(WARNING, _keep)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {WARNING})
         atexit.unregister(_ignore_warning)
         atexit.register(_ignore_warning)
 
 
 def kept():
-    """Whether a warning was kept since the last call (which forgets it)."""
-    found = bool(_KEPT)
+    """The first stop signal kept since the last call (which forgets them), else None."""
+    first = _KEPT[0][0] if _KEPT else None
     del _KEPT[:]
-    return found
+    return first
 
 
 @contextlib.contextmanager
-def warning_blocked():
-    """SIGUSR1 blocked while processes start (they inherit it blocked: a warning waits for their ``hold_warning``);
-    then a warning kept before is delivered to the handler in force."""
-    if WARNING is None:
-        yield
-        return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {WARNING})
+def stops_blocked():
+    """The stop signals blocked while processes start (they inherit them blocked: a signal waits for their
+    ``hold_stops``, and none can end a rank in its interpreter's start-up); then one kept before is delivered to the
+    handler in force."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(SIGNALS))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {WARNING})
-    if kept():
-        os.kill(os.getpid(), WARNING)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))
+    first = kept()
+    if first is not None:
+        os.kill(os.getpid(), first)
 
 
 class Stopped(KeyboardInterrupt):
@@ -92,7 +97,7 @@ class StopRequest:
     signal raises Stopped); ``several``: the ranks agree on the stop, so a first signal never raises; ``agreed``:
     the stop the ranks agreed on, from which signals are only recorded (``later``) until the exit."""
 
-    REPEAT = 2.0  # s: the same signal this soon is one delivered twice (Ctrl-C, and the supervisor passing it on)
+    REPEAT = REPEAT
 
     def __init__(self):
         self.signum, self.armed, self.several, self._previous, self._at = None, False, False, {}, 0.0
@@ -104,8 +109,9 @@ class StopRequest:
             self._previous = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
         except ValueError:  # not the main thread: the signals stay as they were
             self._previous = {}
-        if self._previous and kept():  # a warning while the process started: as if it came now
-            self.signum, self._at = WARNING, time.time()
+        first = kept() if self._previous else None
+        if first is not None:  # a signal while the process started: as if it came now
+            self._on_signal(first, None)
         return self
 
     def agree(self, signum):
