@@ -325,3 +325,59 @@ def test_seeding_and_ddp_on_the_double_print_nothing_a_device_does_not():
     assert out["seeded"] == [["manual_seed_all", 3], ["manual_seed_all", 3]]
     for line in DEVICE_WARNINGS:
         assert line not in stderr, stderr[-2000:]
+
+
+def _autoload_site(tmp_path):
+    """A folder for PYTHONPATH with the entry point the real torch_npu wheel installs (2.7.1's entry_points.txt:
+    ``[torch.backends] torch_npu = torch_npu:_autoload``), pointing at the double."""
+    info = tmp_path / "site" / "torch_npu-2.7.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch_npu\nVersion: 2.7.1\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\ntorch_npu = torch_npu:_autoload\n")
+    return str(tmp_path / "site")
+
+
+@pytest.mark.timeout(900)
+def test_a_cpu_run_never_loads_an_installed_torch_npu_with_torch(shapes, tmp_path):
+    """torch >= 2.5 imports every installed device extension with torch, and torch_npu's import takes an NPU: a CPU
+    golden run on an Ascend host would compete for a card. A run asked for the CPU (--device cpu, --no-accel, with a
+    recipe too) sets TORCH_DEVICE_BACKEND_AUTOLOAD=0 before torch is imported; a user's own setting wins."""
+    import torch
+    if not hasattr(torch, "_import_device_backends"):
+        pytest.skip("torch {} loads no device extension with torch (autoload came in 2.5)".format(torch.__version__))
+    log = tmp_path / "calls.jsonl"
+    env = dict(fake_env(FAKE_NPU_CALL_LOG=str(log)), PYTHONPATH=os.pathsep.join([FAKE, _autoload_site(tmp_path), ROOT]))
+    probe = subprocess.run([PY, "-c", "import sys, torch; print('torch_npu' in sys.modules)"], cwd=ROOT,
+                           env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
+    assert probe.stdout.strip() == "True" and '"autoload"' in log.read_text(), (probe.stdout, probe.stderr[-2000:])
+    cpu = ["-a", "resnet18", "--seed", "1", "--epochs", "1", "--max-steps-per-epoch", "2", "-b", "16"] + SMALL
+    for name, asked, user in (("device_cpu", ["--device", "cpu"], None), ("no_accel", ["--no-accel"], None),
+                              ("recipe", ["--no-accel", "--recipe", "fast"], None),
+                              ("users_own", ["--device", "cpu"], "1")):
+        log.unlink() if log.exists() else None
+        run_env = dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD=user) if user else env
+        proc = run_main([shapes, "--output-dir", str(tmp_path / name)] + asked + cpu, env=run_env)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+        assert read_summary(tmp_path / name)["device"].startswith("cpu"), name
+        loaded = log.exists() and '"autoload"' in log.read_text()
+        assert loaded == (user == "1"), (name, log.read_text() if log.exists() else "no call of torch_npu")
+
+
+def test_no_accel_with_every_recipe_is_device_cpu_on_an_npu_host():
+    """pytorch/examples' --no-accel is --device cpu, with a recipe too, on a host whose accelerator answers (the
+    double's 8 NPUs): the same config and notes. Before, a recipe asked the machine for --device's kind and kept its
+    accelerator settings (--amp, --channels-last) for a --no-accel run."""
+    out = on_double("""
+from trainer import recipes
+from trainer.config import parse_config
+diffs = {}
+for name in recipes.names():
+    a = parse_config(["/data", "--no-accel", "--recipe", name], env={})
+    b = parse_config(["/data", "--device", "cpu", "--recipe", name], env={})
+    if a != b:
+        diffs[name] = [str(a)[:300], str(b)[:300]]
+print(json.dumps({"recipes": len(recipes.names()), "diffs": diffs,
+                  "npu": parse_config(["/data", "--recipe", "resnet18_ffcv_16"], env={}).cfg.precision.amp}))
+""")
+    assert out["recipes"] >= 3 and out["diffs"] == {}, out
+    assert out["npu"] is True  # the same recipe on the NPU keeps its --amp: the double's NPUs answered

@@ -11,8 +11,7 @@ import dataclasses
 import os
 from typing import NamedTuple, Optional, Tuple
 
-from trainer import align, flags, options
-from trainer.device_names import canonical_kind, without_accelerator
+from trainer import align, device_names, flags, options
 from trainer.errors import UsageError
 from trainer.flags import (FLAT, OPT_LEVELS, PUBLISHED, DataConfig, LaunchConfig, ModelConfig,  # noqa: F401
                            OptimConfig, PrecisionConfig, RunConfig, _normalise_device_list, build_parser)
@@ -57,6 +56,7 @@ def parse_config(argv=None, env=None, prog=None):
         return Parsed(None)
     notes, layered = (), set()
     ns = argparse.Namespace(**dict(values, **typed))
+    device_names.host_run_env(device_names.asked_kind(ns.device, ns.no_accel), env)  # before torch is imported
     place = placement.place(placement.Asked.of(vars(ns)), env)  # where this process sits: decided once
     if ns.recipe is not None:  # the recipe's values, scaled to the processes
         more, notes = recipes.flag_defaults(ns.recipe, place.processes(ns.device), typed, ns)
@@ -279,7 +279,7 @@ def precision_section(ns, env, preset):
 
 def launch_section(ns, place):
     """(LaunchConfig, notes): the device and this process's place in the job (``place``: trainer/job/placement.py)."""
-    device = without_accelerator(canonical_kind(ns.device)) if ns.no_accel else canonical_kind(ns.device)
+    device = device_names.asked_kind(ns.device, ns.no_accel)
     if device is None:  # --no-accel (pytorch/examples' flag: the CPU, whatever accelerator is present)
         raise UsageError("--device {} and --no-accel contradict each other: --no-accel runs on the CPU; drop one"
                          .format(ns.device))

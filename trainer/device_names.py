@@ -16,6 +16,21 @@ AMP_KINDS = ("npu", "cuda")
 CHANNELS_LAST_KINDS = ("cuda",)
 
 
+# torch >= 2.5 imports every installed device extension with torch (its "torch.backends" entry points: torch_npu's
+# _autoload), and torch_npu's import takes the NPU; "0" turns that off for the process and the ones it starts
+AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
+
+
+def host_run_env(kind, environ):
+    """Before torch is imported: a run asked for the host (``--device cpu``, ``--no-accel``) loads no device extension
+    with torch (an installed torch_npu would take a card, and a CPU golden run on an Ascend host must not), unless the
+    user set AUTOLOAD. Returns whether it set it."""
+    if kind != HOST_KIND or AUTOLOAD in environ:
+        return False
+    environ[AUTOLOAD] = "0"
+    return True
+
+
 def canonical_kind(name):
     """``gpu`` -> ``cuda``; other names unchanged."""
     return KIND_ALIASES.get(name, name)
@@ -24,3 +39,8 @@ def canonical_kind(name):
 def without_accelerator(device):
     """--no-accel beside ``--device``: the host kind, or None where ``device`` names an accelerator (contradicting)."""
     return HOST_KIND if device in ("auto", HOST_KIND) else None
+
+
+def asked_kind(device, no_accel):
+    """The kind ``--device`` and ``--no-accel`` ask for ("auto" where the machine decides; None: they contradict)."""
+    return without_accelerator(canonical_kind(device)) if no_accel else canonical_kind(device)

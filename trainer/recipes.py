@@ -234,12 +234,16 @@ def _blurpool_applies(arch, ns):
 
 
 def _device_kind(ns):
-    """The device kind ``--device`` resolves to, or None where it cannot be told (the plan then says why)."""
+    """The device kind ``--device`` (and ``--no-accel``) resolve to, or None where it cannot be told (the plan then
+    says why). A kind asked by name is taken as asked: only ``auto`` probes the machine."""
     if ns is None:
         return None
+    asked = device_names.asked_kind(getattr(ns, "device", "auto"), getattr(ns, "no_accel", False))
+    if asked != "auto":
+        return asked
     from trainer.device import Device
     try:
-        return Device.resolve_kind(getattr(ns, "device", "auto"))
+        return Device.resolve_kind(asked)
     except UsageError:
         return None
 

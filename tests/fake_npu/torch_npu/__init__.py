@@ -109,3 +109,11 @@ def _legacy_profiler():
 
 if __import__("os").environ.get("FAKE_NPU_LEGACY_PROFILER") == "1":
     _legacy_profiler()
+
+
+def _autoload():
+    # Real (2.7.1 torch_npu/__init__.py, entry_points.txt "[torch.backends] torch_npu = torch_npu:_autoload"): what
+    # torch >= 2.5 calls as it is imported, once the package's import has done the work. Here recorded, so that a test
+    # sees that an installed torch_npu was loaded with torch (the double has no entry point of its own: a test
+    # installs one).
+    _record("autoload")
