@@ -62,6 +62,9 @@ REAL_TORCH_NPU_2_14 = {
     "npu.reset_peak_memory_stats": ["device=None"],
     "npu.empty_cache": [],
     "npu.is_bf16_supported": ["including_emulation=False"],
+    "npu.use_compatible_impl": ["is_enable"],  # npu/__init__.py:718 (not in 2.1.0.post17 nor 2.7.1)
+    "npu.are_compatible_impl_enabled": [],  # :723
+    "npu.set_deterministic_level": ["level"],  # :668
     "npu.get_amp_supported_dtype": [],
     "npu.utils.is_support_inf_nan": [],
     "npu.set_compile_mode": ["jit_compile=False"],  # npu/npu_config.py:98 (2.1.0.post17 :87, 2.7.1.post2 :100)
@@ -99,9 +102,10 @@ REAL_TORCH_NPU_2_14 = {
 }
 
 # 2.1.0.post17: torch_npu-2.1.0.post17-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl (PyPI
-# "torch-npu" 2.1.0.post17). Every entry was read there too; these four differ from 2.14.0, the others
-# are the same lists (several functions sit in npu/utils.py instead of npu/__init__.py).
-REAL_TORCH_NPU_2_1 = dict(REAL_TORCH_NPU_2_14, **{
+# "torch-npu" 2.1.0.post17). Every entry was read there too; these four differ from 2.14.0, ONLY_2_14 are not there,
+# the others are the same lists (several functions sit in npu/utils.py instead of npu/__init__.py).
+ONLY_2_14 = ("npu.use_compatible_impl", "npu.are_compatible_impl_enabled", "npu.set_deterministic_level")
+REAL_TORCH_NPU_2_1 = dict({k: v for k, v in REAL_TORCH_NPU_2_14.items() if k not in ONLY_2_14}, **{
     "npu.is_bf16_supported": [],  # npu/utils.py:492
     "profiler.profile.__init__": ["*", "activities=None", "schedule=None", "on_trace_ready=None",  # profiler.py:184
                                   "record_shapes=False", "profile_memory=False", "with_stack=False",

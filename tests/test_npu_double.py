@@ -381,3 +381,25 @@ print(json.dumps({"recipes": len(recipes.names()), "diffs": diffs,
 """)
     assert out["recipes"] >= 3 and out["diffs"] == {}, out
     assert out["npu"] is True  # the same recipe on the NPU keeps its --amp: the double's NPUs answered
+
+
+def test_deterministic_on_the_npu_turns_on_torch_npus_own_switches(shapes, tmp_path):
+    """--deterministic on an NPU: HCCL_DETERMINISTIC, and where torch_npu has them (2.14: TorchNPU 26.x) its kernels
+    computed as PyTorch computes them and its deterministic level 1, each named in summary.json's device settings,
+    without the warning set_deterministic_level prints; torch_npu 2.1.0.post17 (the double under torch 2.1) has
+    neither, and the settings say so."""
+    log = tmp_path / "calls.jsonl"
+    out = tmp_path / "run"
+    proc = run_main([shapes, "--device", "npu", "--deterministic", "--output-dir", str(out)] + TRAIN,
+                    env=fake_env(FAKE_NPU_CALL_LOG=str(log)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    settings = read_summary(out)["device_settings"]["deterministic"]
+    calls = [json.loads(line)["call"] for line in log.read_text().splitlines()]
+    import torch
+    if tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2]) < (2, 3):  # the double as 2.1.0.post17
+        assert "has neither use_compatible_impl nor set_deterministic_level" in settings, settings
+        assert not [c for c in calls if c[0] in ("use_compatible_impl", "set_deterministic_level")], calls
+    else:
+        assert "TORCH_NPU_USE_COMPATIBLE_IMPL" in settings and "deterministic level 1" in settings, settings
+        assert ["use_compatible_impl", True] in calls and ["set_deterministic_level", 1] in calls, calls
+    assert "HCCL_DETERMINISTIC" in settings and "set_deterministic_level" not in proc.stderr, proc.stderr[-2000:]

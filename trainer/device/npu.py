@@ -2,6 +2,7 @@
 autocast, GradScaler, fused SGD and profiler, DVPP decode through torchvision_npu, the guides' apex defaults."""
 import inspect
 import os
+import warnings
 
 import torch
 
@@ -182,8 +183,23 @@ class NpuDevice(Device):
         npu_module().npu.manual_seed_all(seed)
 
     def deterministic(self):
+        """torch's switch and HCCL_DETERMINISTIC, and where torch_npu has them (TorchNPU 26.x: torch_npu 2.14) its
+        kernels computed as PyTorch computes them (gelu, matmul, max_pool: use_compatible_impl) and its deterministic
+        level 1 (0 off, 2 also independent of a value's position); a torch_npu without them says so."""
         os.environ["HCCL_DETERMINISTIC"] = "True"  # HCCL's reductions in a fixed order (read by later groups)
-        return Device.deterministic(self) + ", HCCL_DETERMINISTIC"
+        done, npu = [Device.deterministic(self), "HCCL_DETERMINISTIC"], npu_module().npu
+        if hasattr(npu, "use_compatible_impl"):
+            npu.use_compatible_impl(True)
+            done.append("TORCH_NPU_USE_COMPATIBLE_IMPL")
+        if hasattr(npu, "set_deterministic_level"):
+            with warnings.catch_warnings():  # its advice not to call torch.use_deterministic_algorithms after it
+                warnings.simplefilter("ignore")
+                npu.set_deterministic_level(1)
+            done.append("deterministic level 1")
+        if len(done) == 2:
+            done.append("torch_npu {} has neither use_compatible_impl nor set_deterministic_level (torch_npu 2.14): "
+                        "its kernels keep their own implementations".format(getattr(npu_module(), "__version__", "?")))
+        return ", ".join(done)
 
     def rng_state(self):
         return npu_module().npu.get_rng_state()

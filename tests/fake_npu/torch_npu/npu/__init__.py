@@ -347,5 +347,38 @@ def set_autocast_dtype(dtype):
         torch.set_autocast_dtype("npu", dtype)
 
 
+# ---- kernels computed as PyTorch computes them, and the deterministic level (2.14.0 npu/__init__.py:668-726) --------
+# 2.1.0.post17 (and 2.7.1) have neither. The double's kernels are the CPU's: the switches are kept and recorded.
+
+if not _release.V2_1:
+    _options = {"TORCH_NPU_USE_COMPATIBLE_IMPL": os.environ.get("TORCH_NPU_USE_COMPATIBLE_IMPL", "0")}
+    _deterministic_level = [0]
+
+    def use_compatible_impl(is_enable):
+        _rec("use_compatible_impl", bool(is_enable))
+        _options["TORCH_NPU_USE_COMPATIBLE_IMPL"] = "1" if is_enable else "0"
+
+    def are_compatible_impl_enabled():
+        return _options["TORCH_NPU_USE_COMPATIBLE_IMPL"] == "1"
+
+    def set_deterministic_level(level):
+        """As the real: a level that contradicts torch.use_deterministic_algorithms switches that (a warning), and
+        every call warns not to call torch.use_deterministic_algorithms afterwards."""
+        import warnings
+        _rec("set_deterministic_level", level)
+        enabled = torch.are_deterministic_algorithms_enabled()
+        if (level == 0) == enabled:
+            warnings.warn("The current configuration value of 'torch_npu.npu.set_deterministic_level' conflicts "
+                          "with 'torch.use_deterministic_algorithms'. 'torch.use_deterministic_algorithms' has been "
+                          "configured to '{}'.".format(level >= 1))
+            torch.use_deterministic_algorithms(level >= 1)
+        _deterministic_level[0] = int(level)
+        warnings.warn("After using 'torch_npu.npu.set_deterministic_level', please do not use "
+                      "'torch.use_deterministic_algorithms' anymore, as it may cause unknown errors.")
+
+    def _get_deterministic_level():
+        return _deterministic_level[0]
+
+
 from torch_npu.npu import utils  # noqa: E402,F401
 from torch_npu.npu import amp  # noqa: E402,F401
