@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from conftest import ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, read_summary, run_main, trained
+from trainer.record.observe import read_records
 
 pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(300)]
 
@@ -111,6 +112,33 @@ def test_align_losses_and_config_show_what_differs_between_two_real_runs(runs, s
     assert "same hyper-parameters, seed, initial weights and first batches" in ok.stdout
 
 
+def step_losses(run):
+    with open(str(run / "step_losses.csv")) as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "step,loss", lines
+    return [(int(s), float(v)) for s, v in (line.split(",") for line in lines[1:])]
+
+
+@needs_msprobe
+def test_align_losses_compares_every_step_whatever_the_print_frequency(shapes, tmp_path):
+    """A run records every step's loss (step_losses.csv), read with the meters at print steps: the same
+    deterministic run at -p 1 and -p 3 has the same per-step losses, and ``losses`` finds no gap, although the
+    printed intervals' means differ (before, ``losses`` compared those and the two "diverged")."""
+    p1, p3 = tmp_path / "p1", tmp_path / "p3"
+    at = RUN.index("-p")
+    trained(shapes, p1, RUN)
+    trained(shapes, p3, RUN[:at] + ["-p", "3"] + RUN[at + 2:])
+    one, three = step_losses(p1), step_losses(p3)
+    assert [s for s, _ in one] == [1, 2, 3] and one == three, (one, three)
+    printed = {s: v for r in read_records(str(p1 / "metrics.jsonl")) for s, v in r["step_losses"]}
+    assert all(v == pytest.approx(printed[s], rel=1e-6) for s, v in one)  # at -p 1 an interval is one step
+    intervals = [v for r in read_records(str(p3 / "metrics.jsonl")) for _, v in r["step_losses"]]
+    assert intervals[-1] != pytest.approx(one[-1][1], rel=1e-6)  # at -p 3 the last interval is steps 2 and 3
+    proc = align("losses", p1, p3)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 common step(s) (1..3); largest relative gap 0.000e+00" in proc.stdout, proc.stdout
+
+
 @needs_msprobe
 def test_precision_dump_user_errors_are_one_line(shapes, runs, tmp_path):
     a, _ = runs
@@ -140,5 +168,6 @@ def test_align_bad_input_is_one_line(tmp_path):
     assert_one_line_error(align("compare", tmp_path / "none", tmp_path), "GOLDEN", "is not a folder")
     (tmp_path / "empty").mkdir()
     assert_one_line_error(align("compare", tmp_path / "empty", tmp_path / "empty"), "holds no msprobe dump")
-    assert_one_line_error(align("losses", tmp_path / "empty", tmp_path / "empty"), "has no metrics.jsonl")
+    assert_one_line_error(align("losses", tmp_path / "empty", tmp_path / "empty"),
+                          "has neither step_losses.csv nor metrics.jsonl")
     assert_one_line_error(align("config", tmp_path / "empty", tmp_path / "empty"), "no readable summary.json")

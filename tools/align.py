@@ -12,7 +12,7 @@ module, in execution order, that msprobe marks "error" (over its thresholds: sta
 relative error is above 0.5 while its inputs' is below 0.1; tensors, msprobe's cosine and error-ratio rules), the
 worst N by relative error, and where the full result (msprobe's CSV per step and rank) is. Its "warning"s
 (an output's error ten times its inputs', common with float32 rounding alone) are counted, not failed.
-losses: the per-step training losses of two runs' metrics.jsonl (run with -p 1 for every step): the largest
+losses: the training loss of every step of two runs (their step_losses.csv, whatever -p each ran with): the largest
 relative gap |a - b| / |a|, the first step over --rtol, and a plot of both curves and the gap.
 config: what differs between two runs' summary.json: hyper-parameters, seed, the initial weights' and first
 batches' fingerprints (main.py --deterministic or --precision-dump records them), package versions and the
@@ -218,18 +218,29 @@ def _run_folder(path):
     return folder
 
 
-def read_losses(path):
-    """{global step: training loss} of a run folder's metrics.jsonl (or that file)."""
-    from trainer.record.observe import METRICS, read_records
+def read_losses(path, log=None):
+    """{global step: training loss} of every step, from a run folder's step_losses.csv (or that file); a run that
+    has none (an earlier version's) gives the printed intervals' means of its metrics.jsonl, with a note."""
+    from trainer.record.observe import LOSSES, METRICS, read_losses as read_steps, read_records
+    f = os.path.join(path, LOSSES) if os.path.isdir(path) else path
+    if os.path.basename(f) == LOSSES:
+        losses = dict(read_steps(f))  # a step redone by a resumed run: its later value
+        if losses:
+            return losses
+        if not os.path.isdir(path) or os.path.isfile(f):
+            raise UsageError("'{}' records no training step yet: compare once a print step has passed".format(f))
     f = os.path.join(path, METRICS) if os.path.isdir(path) else path
     if not os.path.isfile(f):
-        raise UsageError("'{}' has no {}: give the --output-dir of a training run".format(path, METRICS))
+        raise UsageError("'{}' has neither {} nor {}: give the --output-dir of a training run".format(
+            path, LOSSES, METRICS))
     losses = {}
     for r in read_records(f):
         for step, loss in r.get("step_losses") or ():
             losses[int(step)] = float(loss)
     if not losses:
         raise UsageError("'{}' records no training losses yet: compare once an epoch has finished".format(f))
+    if log is not None:
+        log("note: '{}' has no {}: the means of its printed intervals (-p) are compared".format(path, LOSSES))
     return losses
 
 
@@ -242,7 +253,7 @@ def run_losses(a, b, rtol, plot_path, force, log):
                 plot_path))
         if not os.path.isdir(os.path.dirname(os.path.abspath(plot_path))):
             raise UsageError("--plot '{}': its folder does not exist".format(plot_path))
-    la, lb = read_losses(a), read_losses(b)
+    la, lb = read_losses(a, log), read_losses(b, log)
     steps = sorted(set(la) & set(lb))
     if not steps:
         raise UsageError("RUN_A and RUN_B record losses at no common step (A: {}..{}, B: {}..{}): train both with "
@@ -398,8 +409,8 @@ def build_parser():
     c.add_argument("--top", type=options.number(int, 1), default=10, help="rows of the worst list")
     c.add_argument("--force", action="store_true", help="replace the results in a non-empty -o")
     loss = sub.add_parser("losses", help="the per-step training losses of two runs")
-    loss.add_argument("run_a", metavar="RUN_A", help="--output-dir (or metrics.jsonl) of the reference run")
-    loss.add_argument("run_b", metavar="RUN_B", help="--output-dir (or metrics.jsonl) of the compared run")
+    loss.add_argument("run_a", metavar="RUN_A", help="--output-dir (or step_losses.csv) of the reference run")
+    loss.add_argument("run_b", metavar="RUN_B", help="--output-dir (or step_losses.csv) of the compared run")
     loss.add_argument("--rtol", type=options.number(float, 0.0), default=0.01,
                       help="largest relative gap |a - b| / |a| accepted at a step")
     loss.add_argument("--plot", default=None, metavar="FILE.png", help="both curves and the gap, as a PNG")

@@ -141,7 +141,7 @@ class Loops:
             clock=metrics.StepClock(dev, steps, warm, first=2 if self.first_steps is None else 0, start=start),
             lr_at=functools.partial(step.schedule, epoch),  # the divergence guard's LR of a step of this epoch
             step_losses=[tuple(p) for p in carry["step_losses"]] if carry else [],
-            step_lrs=[tuple(p) for p in carry["step_lrs"]] if carry else [])
+            step_lrs=[tuple(p) for p in carry["step_lrs"]] if carry else [], losses=[])
 
     def train_one_epoch(self, step, loader, epoch, steps, profiler=None, batch_print=None, carry=None):
         """One epoch of ``steps`` steps of ``step`` (a TrainStep) over ``loader``: a metrics.TrainStats.
@@ -160,7 +160,8 @@ class Loops:
             output, y, loss, skipped = step(images, target, epoch, i)
             ep.guard.observe(loss, skipped)
             c1, c5 = metrics.correct_counts(output.detach(), y)
-            ep.sums.add(loss.detach() * batch, c1, c5, batch)
+            ep.losses.append(loss.detach() * batch)  # this step's, read with the meters at the next print step
+            ep.sums.add(ep.losses[-1], c1, c5, batch)
             rec.step(batch)
             if profiler is not None:
                 profiler.step(epoch * steps + i)
@@ -209,7 +210,14 @@ class Loops:
         extras = dict(step.step.live_scalars(), guard=ep.guard.reduced(dist))
         if dist.world_size > 1 and regular and (self.stop is not None or self.save_every):
             extras["asked"] = dist.all_reduce_max(dev.move(torch.tensor(self._asked(), dtype=torch.float32)))
+        held, ep.losses = ep.losses, []  # the loss of each step since the last read, summed over the ranks
+        if held:
+            extras["losses"] = dist.all_reduce_sum(torch.stack([t.float().reshape(()) for t in held]))
         interval, running, live = ep.sums.read(dist.all_reduce_sum, extras)
+        if held:
+            values, first = live.pop("losses"), ep.epoch * steps + i + 2 - len(held)
+            rec.step_losses([(first + k, v / (batch * dist.world_size))
+                             for k, v in enumerate(values if isinstance(values, list) else [values])])
         counters = live.pop("guard")
         agreed = signalled
         if "asked" in live:

@@ -1,6 +1,7 @@
 """File descriptor 2 held back while torch's C++ side may write on it (the rendezvous), written out once however the
 hold ends: as its owner decides, or at an exception, the process's exit or SIGINT/SIGTERM (a rank stopped while it
-waits keeps its diagnostics). Used through rendezvous.quiet_stderr."""
+waits keeps its diagnostics, and ends by the signal: one kept while the process started ends it before the wait).
+Used through rendezvous.quiet_stderr."""
 import atexit
 import contextlib
 import ctypes
@@ -11,6 +12,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from trainer.job import stop
 
 
 class _Hold:
@@ -84,11 +87,16 @@ class _OnStop:
             raise
         self.thread = threading.Thread(target=self._watch, name="held-stderr", daemon=True)
         self.thread.start()
+        for sig in stop.pending():  # one that came while the process started: it ends here, before the wait
+            if sig in self.old and stop.keeping(self.old[sig]):
+                self._write_out(sig)
 
     def _write_out(self, sig):
-        """Held text out, then the end of the process where ``sig`` would end it (KeyboardInterrupt too)."""
+        """Held text out, then the end of the process where ``sig`` would end it (KeyboardInterrupt too, and a
+        process that keeps its stop signals until its run's handlers: stopped while it waits for the others, it has
+        nothing to save, and the others may never come)."""
         _release_all()
-        if self.old[sig] in (signal.SIG_DFL, signal.default_int_handler):
+        if self.old[sig] in (signal.SIG_DFL, signal.default_int_handler) or stop.keeping(self.old[sig]):
             _end_by(sig)
 
     def _handler(self, sig, frame):  # the main thread, once Python runs again there

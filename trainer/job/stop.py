@@ -49,6 +49,16 @@ def hold_stops():
         atexit.register(_ignore_warning)
 
 
+def keeping(handler):
+    """Whether ``handler`` is the one that keeps stop signals while a process starts (``hold_stops``)."""
+    return handler is _keep
+
+
+def pending():
+    """The stop signals kept so far, in order (``kept`` forgets them)."""
+    return [s for s, _ in _KEPT]
+
+
 def kept():
     """The first stop signal kept since the last call (which forgets them), else None."""
     first = _KEPT[0][0] if _KEPT else None

@@ -155,7 +155,7 @@ def move_folder_aside(folder, inputs):
             os.rename(folder, dest)
             return dest, {}
         earlier = recorded(folder)[0] | {checkpoint.CHECKPOINT, checkpoint.BEST, files.SUMMARY,
-                                         files.EVAL_SUMMARY, observe.METRICS}
+                                         files.EVAL_SUMMARY, observe.METRICS, observe.LOSSES}
         rels = [os.path.relpath(os.path.realpath(i), real) for i in held]
         stays = [i for i, rel in zip(held, rels) if not any(rel == e or rel.startswith(e + os.sep) for e in earlier)]
         os.makedirs(dest)

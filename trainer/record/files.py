@@ -19,12 +19,12 @@ def inside(path, folder):
 
 def outputs(plan):
     """What a run of ``plan`` may write in --output-dir (paths relative to it): its summary, the last and best
-    checkpoints (--checkpoint-nameprefix), those of --checkpoint-freq, metrics.jsonl, every rank's profiler
-    results, the TensorBoard folder (when it lies inside)."""
+    checkpoints (--checkpoint-nameprefix), those of --checkpoint-freq, metrics.jsonl, step_losses.csv, every rank's
+    profiler results, the TensorBoard folder (when it lies inside)."""
     run = plan.run
     if run.evaluate:
         return [EVAL_SUMMARY]
-    names = [SUMMARY, checkpoint.last_name(run.checkpoint_prefix), checkpoint.BEST, observe.METRICS]
+    names = [SUMMARY, checkpoint.last_name(run.checkpoint_prefix), checkpoint.BEST, observe.METRICS, observe.LOSSES]
     if run.checkpoint_freq:
         names += [checkpoint.epoch_name(run.checkpoint_prefix, e)
                   for e in range(run.checkpoint_freq, run.epochs + 1, run.checkpoint_freq)]
@@ -98,7 +98,7 @@ def read_record(folder, name):
     names = [name]
     if name == SUMMARY:
         prefix = cfg.get("checkpoint_prefix") or "checkpoint"
-        names += [checkpoint.last_name(prefix), checkpoint.BEST, observe.METRICS]
+        names += [checkpoint.last_name(prefix), checkpoint.BEST, observe.METRICS, observe.LOSSES]
         freq, done = cfg.get("checkpoint_freq") or 0, data.get("epochs_completed") or 0
         if isinstance(freq, int) and isinstance(done, int) and freq > 0:
             names += [checkpoint.epoch_name(prefix, e) for e in range(freq, done + 1, freq)]

@@ -1,8 +1,9 @@
 """What a run shows while it runs beside pytorch/examples' log lines, on rank 0 (other ranks get ``Silent``):
 TensorBoard scalars on a global step axis that continues across ``--resume``, ``metrics.jsonl`` (one record per
-epoch, appended and flushed as it ends), a tqdm bar per epoch on a terminal instead of the step lines. A resumed run
-drops the events and records from its position on (docs/DESIGN.md). Only values the engine has already read at a
-print step are recorded: nothing here syncs the device.
+epoch, appended and flushed as it ends), ``step_losses.csv`` (every step's loss, appended at print steps), a tqdm
+bar per epoch on a terminal instead of the step lines. A resumed run drops the events and records from its position
+on (docs/DESIGN.md). Only values the engine has already read at a print step are recorded: nothing here syncs the
+device.
 """
 import contextlib
 import json
@@ -13,6 +14,7 @@ import time
 from trainer.record import checkpoint
 
 METRICS = "metrics.jsonl"
+LOSSES = "step_losses.csv"  # every training step's loss (mean over the ranks), written at print steps
 # how often TensorBoard's writer thread flushes on its own (its default, 120 s, leaves a live board stale
 # for two minutes; a shorter period also bounds any wait in its closing flush)
 FLUSH_SECONDS = 10
@@ -26,7 +28,7 @@ class Silent:
     def _nothing(self, *args, **kwargs):
         pass
 
-    start_epoch = step = train_point = validation = epoch_record = end_phase = close = _nothing
+    start_epoch = step = train_point = step_losses = validation = epoch_record = end_phase = close = _nothing
 
 
 def progress_mode(requested):
@@ -57,6 +59,11 @@ class Recorder(Silent):
                     if isinstance(r.get("epoch"), int) and r["epoch"] < resume_epoch]
             text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep)
             checkpoint.atomic_write(self.metrics_path, lambda f: f.write(text.encode()))
+        self.losses_path = os.path.join(out_dir, LOSSES)
+        at = resume_epoch * steps_per_epoch + resume_step
+        kept = [row for row in read_losses(self.losses_path) if row[0] <= at] if at else []
+        text = "step,loss\n" + "".join("{},{!r}\n".format(s, v) for s, v in kept)  # none past the resumed step
+        checkpoint.atomic_write(self.losses_path, lambda f: f.write(text.encode()))
         if tb_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -100,6 +107,11 @@ class Recorder(Silent):
             if self.tb is not None and values.get(key) is not None:
                 self.tb.add_scalar(tag, values[key], global_step)
 
+    def step_losses(self, pairs):
+        """(global step, loss) of the steps read at a print step, appended to step_losses.csv."""
+        with open(self.losses_path, "a") as f:
+            f.write("".join("{},{!r}\n".format(s, float(v)) for s, v in pairs))
+
     def validation(self, global_step, values, tag="val"):
         """A validation's scalars under ``tag`` (val; val_ema: --model-ema's average)."""
         if self.tb is None:
@@ -134,6 +146,18 @@ def read_records(path):
             with contextlib.suppress(ValueError):
                 out.append(json.loads(line))
     return out
+
+
+def read_losses(path):
+    """[(global step, loss)] of a step_losses.csv in the order written (none where it is missing; a torn last line
+    is ignored); a step written twice (a resumed run that redid it) appears twice, the later last."""
+    rows = []
+    with contextlib.suppress(FileNotFoundError), open(path) as f:
+        for line in f:
+            step, _, loss = line.strip().partition(",")
+            with contextlib.suppress(ValueError):
+                rows.append((int(step), float(loss)))
+    return rows
 
 
 def recorder_of(trainer):
