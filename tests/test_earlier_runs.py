@@ -73,8 +73,8 @@ def assert_reads_the_earlier_checkpoint(folder, first, first_ckpt, proc):
 def test_a_second_run_starts_from_the_first_runs_checkpoint_in_one_process(few, tmp_path):
     main_in(tmp_path, few)
     first, first_ckpt = read_summary(tmp_path), digest(tmp_path / "checkpoint.pth.tar")
-    assert first["files"] == ["checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar", "summary.json",
-                              "tensorboard"]
+    assert first["files"] == ["checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar", "step_losses.csv",
+                              "summary.json", "tensorboard"]
     proc = main_in(tmp_path, few, "--pretrained", "checkpoint.pth.tar")
     second = assert_reads_the_earlier_checkpoint(tmp_path, first, first_ckpt, proc)
     assert second["files"] == first["files"]  # its own files, the checkpoint it replaced included
@@ -184,7 +184,7 @@ def test_a_run_killed_before_its_summary_is_moved_by_its_lock(shapes, few, tmp_p
     proc = main_in(tmp_path, few)
     assert "took over the lock of" in proc.stdout
     [stamp] = stamps(tmp_path)
-    assert os.listdir(str(tmp_path / EARLIER / stamp)) == ["tensorboard"]
+    assert sorted(os.listdir(str(tmp_path / EARLIER / stamp))) == ["step_losses.csv", "tensorboard"]
     assert os.listdir(str(tmp_path / EARLIER / stamp / "tensorboard")) == [events]
     assert events not in os.listdir(str(tmp_path / "tensorboard"))  # the new run's folder holds its own events
 

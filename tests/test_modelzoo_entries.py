@@ -194,7 +194,7 @@ def test_resnet50_performance_then_full_1p_in_one_folder_and_their_greps(shapes,
     with open(str(root / "previous_runs" / moved[0] / "summary.json")) as f:
         assert json.load(f) == first  # the first run, kept whole
     assert sorted(os.listdir(str(root / "previous_runs" / moved[0]))) == [
-        "checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar", "summary.json", "tensorboard"]
+        "checkpoint.pth.tar", "metrics.jsonl", "model_best.pth.tar", "step_losses.csv", "summary.json", "tensorboard"]
     second = read_summary(str(root))
     assert second["status"] == "ok" and second["epochs_completed"] == 2
     # their full script: the mean of the Epoch lines' Time, the last Acc@1 summary, the losses of the Epoch lines

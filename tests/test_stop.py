@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import main as entry
+from trainer.record.observe import LOSSES, read_losses
 
 from conftest import (ONCE, PY, RANKS, ROOT, SMALL, STACK, child_env, finish, read_checkpoint, read_lines, read_metrics,
                       read_summary)
@@ -123,6 +124,10 @@ def assert_resumes_exactly(data, out, args, stop, reference, steps=25, env=None)
     assert summary["trained_steps"] == 2 * steps - stop["global_step"]  # no step trained twice
     mine, theirs = per_step(out), per_step(reference)
     assert len(theirs[0]) == 2 * steps and mine == theirs
+    # step_losses.csv: every step once (what the stopped run wrote past its checkpoint was dropped), as the reference
+    rows = read_losses(os.path.join(str(out), LOSSES))
+    assert [s for s, _ in rows] == list(range(1, 2 * steps + 1)), rows
+    assert rows == read_losses(os.path.join(str(reference), LOSSES))
     assert same_weights(reference, out)
     return summary
 

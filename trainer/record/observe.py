@@ -60,10 +60,11 @@ class Recorder(Silent):
             text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep)
             checkpoint.atomic_write(self.metrics_path, lambda f: f.write(text.encode()))
         self.losses_path = os.path.join(out_dir, LOSSES)
-        at = resume_epoch * steps_per_epoch + resume_step
-        kept = [row for row in read_losses(self.losses_path) if row[0] <= at] if at else []
-        text = "step,loss\n" + "".join("{},{!r}\n".format(s, v) for s, v in kept)  # none past the resumed step
-        checkpoint.atomic_write(self.losses_path, lambda f: f.write(text.encode()))
+        if os.path.exists(self.losses_path):  # only the steps before the resumed position stay
+            at = resume_epoch * steps_per_epoch + resume_step
+            kept = [row for row in read_losses(self.losses_path) if row[0] <= at] if at else []
+            text = "step,loss\n" + "".join("{},{!r}\n".format(s, v) for s, v in kept)
+            checkpoint.atomic_write(self.losses_path, lambda f: f.write(text.encode()))
         if tb_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -110,7 +111,7 @@ class Recorder(Silent):
     def step_losses(self, pairs):
         """(global step, loss) of the steps read at a print step, appended to step_losses.csv."""
         with open(self.losses_path, "a") as f:
-            f.write("".join("{},{!r}\n".format(s, float(v)) for s, v in pairs))
+            f.write(("" if f.tell() else "step,loss\n") + "".join("{},{!r}\n".format(s, float(v)) for s, v in pairs))
 
     def validation(self, global_step, values, tag="val"):
         """A validation's scalars under ``tag`` (val; val_ema: --model-ema's average)."""
