@@ -1,14 +1,18 @@
 """Precision alignment on msprobe (trainer/align.py, tools/align.py): main.py --precision-dump writes msprobe's dumps
 of the chosen steps, --deterministic gives the same weights and batches whatever the worker count, and tools.align
-compares dumps (msprobe's comparison), losses and configurations of real runs; bad input is one line, exit 2."""
+compares dumps (msprobe's comparison), losses and configurations of real runs; bad input is one line, exit 2. A
+dump after a mid-epoch resume is labelled with its global step."""
 import importlib.util
 import json
 import os
+import re
+import signal
 import subprocess
 
 import pytest
 
-from conftest import ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, read_summary, run_main, trained
+from conftest import (ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, child_env, finish, read_lines,
+                      read_summary, run_main, trained)
 
 pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(300)]
 
@@ -142,3 +146,37 @@ def test_align_bad_input_is_one_line(tmp_path):
     assert_one_line_error(align("compare", tmp_path / "empty", tmp_path / "empty"), "holds no msprobe dump")
     assert_one_line_error(align("losses", tmp_path / "empty", tmp_path / "empty"), "has no metrics.jsonl")
     assert_one_line_error(align("config", tmp_path / "empty", tmp_path / "empty"), "no readable summary.json")
+
+LONG = list(RUN)  # two epochs of 20 steps
+LONG[LONG.index("--epochs") + 1], LONG[LONG.index("--max-steps-per-epoch") + 1] = "2", "20"
+
+
+@needs_msprobe
+@pytest.mark.timeout(600)
+def test_a_dump_after_a_mid_epoch_resume_is_labelled_with_its_global_step(shapes, tmp_path):
+    """Two epochs of 20 steps dumping global step 39: the run stopped by SIGTERM early in epoch 1 and resumed
+    (--resume auto, the same command) dumps it into step39/, as the uninterrupted run does, with the same data."""
+    args = LONG + ["--dump-steps", "39"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    trained(shapes, whole / "run", args + ["--precision-dump", str(whole / "dump")])
+    command = [str(shapes), "--output-dir", str(parts / "run")] + args + ["--precision-dump", str(parts / "dump")]
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py")] + command, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    read_lines(proc, lambda lines: re.match(r"Epoch: \[1\]\[\s*2/20\]", lines[-1]), timeout=240)
+    proc.send_signal(signal.SIGTERM)
+    _, err = finish(proc, timeout=240)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    stop = read_summary(parts / "run")["stopped"]
+    assert stop["epoch"] == 1 and 2 <= stop["step"] < 20, stop  # mid-epoch, before the dumped step
+    assert not (parts / "dump").exists() or not os.listdir(str(parts / "dump"))
+    resumed = run_main(command + ["--resume", "auto"])
+    assert resumed.returncode == 0, (resumed.stdout[-2000:], resumed.stderr[-3000:])
+    assert "=> continuing epoch 1 at step {} of 20".format(stop["step"]) in resumed.stdout
+    for run in (whole, parts):  # the global step's label, after the resume too
+        steps = sorted(os.listdir(str(run / "dump"))) if (run / "dump").is_dir() else []
+        assert steps == ["step39"], (run, steps)
+    dumps = []
+    for run in (whole, parts):
+        with open(str(run / "dump" / "step39" / "rank0" / "dump.json")) as f:
+            dumps.append(json.load(f)["data"])
+    assert dumps[0].keys() == dumps[1].keys() and dumps[0] == dumps[1]  # the same step: the same statistics
