@@ -1,7 +1,8 @@
 """Precision alignment on msprobe (trainer/align.py, tools/align.py): main.py --precision-dump writes msprobe's dumps
 of the chosen steps, --deterministic gives the same weights and batches whatever the worker count, and tools.align
 compares dumps (msprobe's comparison), losses and configurations of real runs; bad input is one line, exit 2. A
-dump after a mid-epoch resume is labelled with its global step."""
+comparison without -o writes a new git-ignored folder beside the target's dump each time; a dump after a mid-epoch
+resume is labelled with its global step."""
 import importlib.util
 import json
 import os
@@ -87,8 +88,35 @@ def test_align_compare_of_two_identical_cpu_runs_is_within_msprobes_thresholds(r
     assert "=> within msprobe's thresholds" in proc.stdout
     results = [line.split("full result: ")[1] for line in proc.stdout.splitlines() if "full result: " in line]
     assert len(results) == 2 and all(os.path.isfile(p) and p.endswith(".csv") for p in results)
+    assert (out / ".gitignore").read_text() == "*\n"  # the -o it created is git-ignored
     again = align("compare", a / "dump", b / "dump", "-o", out)  # the results are not overwritten unasked
     assert_one_line_error(again, "is not empty", "--force")
+
+
+def results_of(stdout):
+    """The folders of the "=> full result: CSV" lines of a compare (the CSV's step folder's parent)."""
+    return {os.path.dirname(os.path.dirname(line.split("full result: ")[1])) for line in stdout.splitlines()
+            if "full result: " in line}
+
+
+@needs_msprobe
+def test_align_compare_without_o_writes_a_new_ignored_folder_beside_the_target_each_time(runs, tmp_path):
+    a, b = runs
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    here = {"PYTHONPATH": ROOT}  # this checkout's tools, started elsewhere
+    first, second = (align("compare", a / "dump", b / "dump", "--top", "1", cwd=cwd, env=here) for _ in range(2))
+    for proc in (first, second):
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    one, two = results_of(first.stdout), results_of(second.stdout)
+    assert one == {str(b / "compare_dump_vs_dump")} and two == {str(b / "compare_dump_vs_dump_2")}, (one, two)
+    for folder in one | two:
+        assert "=> results into {}".format(folder) in (first.stdout + second.stdout)
+        assert open(os.path.join(folder, ".gitignore")).read() == "*\n"
+        assert sorted(os.listdir(folder)) == [".gitignore", "step0", "step2"]
+    assert os.listdir(str(cwd)) == []  # nothing in the folder it was started in
+    step = align("compare", a / "dump" / "step2", b / "dump" / "step2", cwd=cwd, env=here)  # named by their dumps
+    assert step.returncode == 0 and results_of(step.stdout) == {str(b / "compare_dump_vs_dump_3")}, step.stdout
 
 
 @needs_msprobe

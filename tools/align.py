@@ -11,7 +11,10 @@ by rank (DIR/step<k>/rank<r>/dump.json; a step folder may be given too), and a s
 module, in execution order, that msprobe marks "error" (over its thresholds: statistics, an output whose norm
 relative error is above 0.5 while its inputs' is below 0.1; tensors, msprobe's cosine and error-ratio rules), the
 worst N by relative error, and where the full result (msprobe's CSV per step and rank) is. Its "warning"s
-(an output's error ten times its inputs', common with float32 rounding alone) are counted, not failed.
+(an output's error ten times its inputs', common with float32 rounding alone) are counted, not failed. Without -o
+the results go to a new folder beside TARGET's dump folder, compare_<golden>_vs_<target> (the dump folders' names;
+_2, _3, ... when it exists), so that each comparison keeps its own; a given -o must be empty (or --force). A
+folder compare creates holds a .gitignore of "*".
 losses: the per-step training losses of two runs' metrics.jsonl (run with -p 1 for every step): the largest
 relative gap |a - b| / |a|, the first step over --rtol, and a plot of both curves and the gap.
 config: what differs between two runs' summary.json: hyper-parameters, seed, the initial weights' and first
@@ -27,6 +30,7 @@ if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import glob
 import functools
+import itertools
 import json
 import math
 import os
@@ -57,9 +61,8 @@ def _steps(path, side):
     if not os.path.isdir(path):
         raise UsageError("{} '{}' is not a folder: give a --precision-dump folder (or one of its step<k>/)".format(
             side, path))
-    m = STEP_DIR.match(os.path.basename(os.path.normpath(path)))
-    if m and any(RANK_DIR.match(n) for n in os.listdir(path)):
-        return {int(m.group(1)): path}
+    if _is_step_folder(path):
+        return {int(STEP_DIR.match(os.path.basename(os.path.normpath(path))).group(1)): path}
     out = {}
     for name in os.listdir(path):
         m = STEP_DIR.match(name)
@@ -69,6 +72,12 @@ def _steps(path, side):
         raise UsageError("{} '{}' holds no msprobe dump (no step<k>/rank<r>/dump.json): give the folder of main.py "
                          "--precision-dump".format(side, path))
     return out
+
+
+def _is_step_folder(path):
+    """Whether ``path`` is one step<k>/ of a --precision-dump folder (it holds rank<r>/ folders)."""
+    return bool(STEP_DIR.match(os.path.basename(os.path.normpath(path)))) and os.path.isdir(path) and \
+        any(RANK_DIR.match(n) for n in os.listdir(path))
 
 
 def _ranks(step_dir):
@@ -119,6 +128,42 @@ def _read_rows(csv_path, step, rank):
     return rows
 
 
+def _dump_folder(path):
+    """The --precision-dump folder of ``path`` (itself, or the folder above a step<k>/ given alone)."""
+    path = os.path.abspath(path)
+    return os.path.dirname(path) if _is_step_folder(path) else path
+
+
+def _safe_name(path):
+    """A run's name for a folder name: the dump folder's basename, letters, digits, '.', '-' and '_' only."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(_dump_folder(path))).strip("._") or "dump"
+    return name[:60]
+
+
+def ignore_all(folder):
+    """A .gitignore of ``*`` in a folder compare created: nothing it writes shows in a git checkout."""
+    with open(os.path.join(folder, ".gitignore"), "w") as f:
+        f.write("*\n")
+
+
+def new_results_dir(golden, target):
+    """compare without -o: a new folder beside the target's dump folder, compare_<golden>_vs_<target>, with _2, _3,
+    ... where that exists; git-ignored."""
+    parent = os.path.dirname(_dump_folder(target))
+    base = os.path.join(parent, "compare_{}_vs_{}".format(_safe_name(golden), _safe_name(target)))
+    for n in itertools.count(1):
+        path = base if n == 1 else "{}_{}".format(base, n)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UsageError("cannot create '{}' beside the TARGET dump ({}): give -o DIR".format(
+                path, exc.strerror or exc))
+        ignore_all(path)
+        return path
+
+
 def _quiet():
     """msprobe's logger to warnings only (its INFO lines would bury the verdict)."""
     import logging
@@ -139,7 +184,7 @@ def run_compare(golden, target, out_dir, top, force, log):
             raise UsageError("step {}: GOLDEN has rank(s) {} and TARGET rank(s) {}: no rank in common".format(
                 step, _ranks(gsteps[step]), _ranks(tsteps[step])))
         pairs.append((step, ranks))
-    if os.path.exists(out_dir):
+    if out_dir is not None and os.path.exists(out_dir):
         if not os.path.isdir(out_dir):
             raise UsageError("-o '{}' is a file: give a folder for msprobe's results".format(out_dir))
         if os.listdir(out_dir) and not force:
@@ -151,12 +196,24 @@ def run_compare(golden, target, out_dir, top, force, log):
         raise UsageError("tools.align compare needs msprobe: pip install mindstudio-probe==26.2.0 (make install "
                          "installs it)")
     _quiet()
+    made = out_dir is None or not os.path.isdir(out_dir)  # compare's own folder: its .gitignore covers it all
+    if out_dir is None:
+        out_dir = new_results_dir(golden, target)
+    elif made:
+        try:
+            os.makedirs(out_dir)
+        except OSError as exc:
+            raise UsageError("-o '{}': cannot create it ({}): give another -o".format(out_dir, exc.strerror or exc))
+        ignore_all(out_dir)
+    log("=> results into {}".format(os.path.abspath(out_dir)))
     rows, files = [], []
     for step, ranks in pairs:
         step_out = os.path.join(out_dir, "step{}".format(step))
         if os.path.isdir(step_out):
             shutil.rmtree(step_out)  # --force: this step's earlier results
         os.makedirs(step_out)
+        if not made:
+            ignore_all(step_out)  # an -o that was there already: what compare writes in it is ignored all the same
         compare_distributed_inner(tsteps[step], gsteps[step], step_out)
         for path in sorted(glob.glob(os.path.join(step_out, "compare_result_*.csv"))):
             m = re.search(r"compare_result_(?:rank|proc)(\d+)_", os.path.basename(path))
@@ -393,8 +450,9 @@ def build_parser():
     c = sub.add_parser("compare", help="msprobe's comparison of two --precision-dump folders, with a verdict")
     c.add_argument("golden", metavar="GOLDEN", help="the reference run's --precision-dump folder (GPU or CPU)")
     c.add_argument("target", metavar="TARGET", help="the compared run's --precision-dump folder (NPU)")
-    c.add_argument("-o", "--output", default="align_compare", metavar="DIR",
-                   help="msprobe's full results (a CSV per step and rank) go here")
+    c.add_argument("-o", "--output", default=None, metavar="DIR",
+                   help="msprobe's full results (a CSV per step and rank) go here (default: a new folder "
+                        "compare_<golden>_vs_<target>[_N] beside TARGET's dump folder)")
     c.add_argument("--top", type=options.number(int, 1), default=10, help="rows of the worst list")
     c.add_argument("--force", action="store_true", help="replace the results in a non-empty -o")
     loss = sub.add_parser("losses", help="the per-step training losses of two runs")
