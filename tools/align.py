@@ -10,11 +10,11 @@ compare: msprobe's comparison (its ``msprobe compare``) of the two --precision-d
 by rank (DIR/step<k>/rank<r>/dump.json; a step folder may be given too), and a short verdict: the first API or
 module, in execution order, that msprobe marks "error" (over its thresholds: statistics, an output whose norm
 relative error is above 0.5 while its inputs' is below 0.1; tensors, msprobe's cosine and error-ratio rules), the
-worst N by relative error, and where the full result (msprobe's CSV per step and rank) is. Its "warning"s
-(an output's error ten times its inputs', common with float32 rounding alone) are counted, not failed. Without -o
-the results go to a new folder beside TARGET's dump folder, compare_<golden>_vs_<target> (the dump folders' names;
-_2, _3, ... when it exists), so that each comparison keeps its own; a given -o must be empty (or --force). A
-folder compare creates holds a .gitignore of "*".
+worst N (msprobe's errors first, then its warnings, then the rest, each by relative error), and where the full
+result (msprobe's CSV per step and rank) is. Its "warning"s (an output's error ten times its inputs', common with
+float32 rounding alone) are counted, not failed. Without -o the results go to a new folder beside TARGET's dump
+folder, compare_<golden>_vs_<target> (the dump folders' names; _2, _3, ... when it exists), so that each comparison
+keeps its own; a given -o must be empty (or --force). A folder compare creates holds a .gitignore of "*".
 losses: the per-step training losses of two runs' metrics.jsonl (run with -p 1 for every step): the largest
 relative gap |a - b| / |a|, the first step over --rtol, and a plot of both curves and the gap.
 config: what differs between two runs' summary.json: hyper-parameters, seed, the initial weights' and first
@@ -45,6 +45,7 @@ from tools.plot_runs import save_figure
 
 STEP_DIR = re.compile(r"step(\d+)$")
 RANK_DIR = re.compile(r"(?:rank|proc)(\d+)$")
+SEVERITY = {"error": 0, "warning": 1}  # msprobe's Result: the order of compare's worst list
 # run-to-run settings that differ between machines without changing the numerics (config)
 MACHINE_KEYS = ("data", "output_dir", "tensorboard_dir", "precision_dump", "dump_config", "device", "device_index",
                 "device_list", "addr", "port", "dist_url", "dist_backend", "local_rank", "launch", "node_rank",
@@ -236,13 +237,15 @@ def verdict(rows, files, pairs, top, log):
         "(error), {} warning(s){}".format(
             len(pairs), ",".join(str(s) for s, _ in pairs), ",".join(map(str, ranks)), len(rows), len(errors),
             warnings, ", {} only in the target".format(unmatched) if unmatched else ""))
-    worst = sorted((r for r in rows if r["rel"] is not None), key=lambda r: -r["rel"])[:top]
+    worst = worst_rows(rows, top)
     if worst:
         width = max(len(r["name"]) for r in worst)
-        log("worst {} by relative error:".format(len(worst)))
+        log("worst {}: msprobe's errors first, then its warnings, then the rest; each by relative error, largest "
+            "first:".format(len(worst)))
         for r in worst:
-            log("  {:<{w}}  step {} rank {}  rel {:.3e}  {}".format(r["name"], r["step"], r["rank"], r["rel"],
-                                                                    r["result"] or "-", w=width))
+            log("  {:<{w}}  step {} rank {}  rel {}  {}".format(
+                r["name"], r["step"], r["rank"], "{:.3e}".format(r["rel"]) if r["rel"] is not None else "N/A",
+                r["result"] or "-", w=width))
     for path in files:
         log("=> full result: {}".format(os.path.abspath(path)))
     if not errors:
@@ -255,6 +258,14 @@ def verdict(rows, files, pairs, top, log):
         ", relative error {:.3e}".format(first["rel"]) if first["rel"] is not None else "",
         _first_error(first["message"])))
     return 1
+
+
+def worst_rows(rows, top):
+    """The ``top`` worst rows by the verdict's rule: msprobe's errors, then its warnings, then the rest, each by
+    relative error (largest first; an error or warning without one after those with one)."""
+    listed = (r for r in rows if r["rel"] is not None or r["result"] in SEVERITY)
+    return sorted(listed, key=lambda r: (SEVERITY.get(r["result"], len(SEVERITY)), r["rel"] is None,
+                                         -(r["rel"] or 0.0)))[:top]
 
 
 def _first_error(message):
