@@ -1,14 +1,22 @@
 """Precision alignment on msprobe (trainer/align.py, tools/align.py): main.py --precision-dump writes msprobe's dumps
 of the chosen steps, --deterministic gives the same weights and batches whatever the worker count, and tools.align
-compares dumps (msprobe's comparison), losses and configurations of real runs; bad input is one line, exit 2."""
+compares dumps (msprobe's comparison), losses and configurations of real runs; bad input is one line, exit 2. A
+comparison without -o writes a new git-ignored folder beside the target's dump each time; its worst list starts with
+what msprobe marks error, as its verdict counts; a dump after a mid-epoch resume is labelled with its global step."""
+import csv
 import importlib.util
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 
 import pytest
 
-from conftest import ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, read_summary, run_main, trained
+from conftest import (ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, child_env, finish, read_lines,
+                      read_summary, run_main, trained)
+from tools import align as tool
 from trainer.record.observe import read_records
 
 pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(300)]
@@ -84,8 +92,106 @@ def test_align_compare_of_two_identical_cpu_runs_is_within_msprobes_thresholds(r
     assert "=> within msprobe's thresholds" in proc.stdout
     results = [line.split("full result: ")[1] for line in proc.stdout.splitlines() if "full result: " in line]
     assert len(results) == 2 and all(os.path.isfile(p) and p.endswith(".csv") for p in results)
+    assert (out / ".gitignore").read_text() == "*\n"  # the -o it created is git-ignored
     again = align("compare", a / "dump", b / "dump", "-o", out)  # the results are not overwritten unasked
     assert_one_line_error(again, "is not empty", "--force")
+
+
+def results_of(stdout):
+    """The folders of the "=> full result: CSV" lines of a compare (the CSV's step folder's parent)."""
+    return {os.path.dirname(os.path.dirname(line.split("full result: ")[1])) for line in stdout.splitlines()
+            if "full result: " in line}
+
+
+@needs_msprobe
+def test_align_compare_without_o_writes_a_new_ignored_folder_beside_the_target_each_time(runs, tmp_path):
+    a, b = runs
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    here = {"PYTHONPATH": ROOT}  # this checkout's tools, started elsewhere
+    first, second = (align("compare", a / "dump", b / "dump", "--top", "1", cwd=cwd, env=here) for _ in range(2))
+    for proc in (first, second):
+        assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    one, two = results_of(first.stdout), results_of(second.stdout)
+    assert one == {str(b / "compare_dump_vs_dump")} and two == {str(b / "compare_dump_vs_dump_2")}, (one, two)
+    for folder in one | two:
+        assert "=> results into {}".format(folder) in (first.stdout + second.stdout)
+        assert open(os.path.join(folder, ".gitignore")).read() == "*\n"
+        assert sorted(os.listdir(folder)) == [".gitignore", "step0", "step2"]
+    assert os.listdir(str(cwd)) == []  # nothing in the folder it was started in
+    step = align("compare", a / "dump" / "step2", b / "dump" / "step2", cwd=cwd, env=here)  # named by their dumps
+    assert step.returncode == 0 and results_of(step.stdout) == {str(b / "compare_dump_vs_dump_3")}, step.stdout
+
+
+CSV_HEAD = ["NPU Name", "Bench Name", "NormRelativeErr", "MaxRelativeErr", "Result", "Err_message"]
+
+
+@ONCE
+def test_the_worst_list_puts_msprobes_errors_first_then_warnings_then_by_relative_error(tmp_path):
+    """Rows as msprobe's CSV holds them, read by compare: a pass far off, a warning, three errors, one without a
+    relative error. The list starts with the errors the verdict counts, whatever the relative errors."""
+    path = tmp_path / "compare_result_rank0_1.csv"
+    cells = [("Module.conv1.Conv2d.forward.0.output.0", "40.0%", "pass", "[]"),
+             ("Module.layer1.ReLU.forward.0.output.0", "N/A", "error", '["error: There is nan/inf"]'),
+             ("Module.bn1.BatchNorm2d.forward.0.output.0", "3.0", "pass", "[]"),
+             ("Module.fc.Linear.forward.0.output.0", "0.6", "error", '["error: The NormRelativeErr of output"]'),
+             ("Module.layer2.Conv2d.forward.0.output.0", "0.2", "warning", '["warning: 10 times"]'),
+             ("Module.layer3.Conv2d.forward.0.output.0", "0.9", "error", '["error: The NormRelativeErr of output"]'),
+             ("Module.layer4.Conv2d.forward.0.output.0", "N/A", "pass", "[]")]
+    with open(str(path), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_HEAD)
+        for name, rel, result, message in cells:
+            w.writerow([name, name, rel, "N/A", result, message])
+    rows = tool._read_rows(str(path), 0, 0)
+    lines = []
+    assert tool.verdict(rows, [str(path)], [(0, [0])], 5, lines.append) == 1
+    assert lines[0].endswith("7 tensors compared, 3 over msprobe's thresholds (error), 1 warning(s)"), lines[0]
+    assert lines[1] == "worst 5: msprobe's errors first, then its warnings, then the rest; each by relative error, " \
+                       "largest first:", lines[1]
+    listed = [(line.split()[0].split(".")[1], line.split()[-1], line.split()[-2]) for line in lines[2:7]]
+    assert listed == [("layer3", "error", "9.000e-01"), ("fc", "error", "6.000e-01"), ("layer1", "error", "N/A"),
+                      ("layer2", "warning", "2.000e-01"), ("bn1", "pass", "3.000e+00")], lines
+    assert lines[-1].startswith("=> first over msprobe's thresholds in execution order: layer1 ")
+
+
+def scaled(dump_json, name, where, factor):
+    """Multiply the Norm of ``name``'s first ``where`` ("input_args" or "output") tensor in a dump.json by
+    ``factor``: that tensor's norm relative error becomes factor - 1."""
+    with open(str(dump_json)) as f:
+        dump = json.load(f)
+    dump["data"][name][where][0]["Norm"] *= factor
+    with open(str(dump_json), "w") as f:
+        json.dump(dump, f)
+
+
+@needs_msprobe
+def test_align_compare_lists_the_errors_of_its_verdict_first(runs, tmp_path):
+    """A real comparison against a copy of the dump whose fc output is off (an error: its inputs are not), a
+    conv's input and output both 100 times off (pass: its inputs carry it) and a conv's output 20 times its
+    input's error (a warning): the list starts with the error, the verdict's first, then the warning."""
+    a, b = runs
+    target = tmp_path / "target"
+    shutil.copytree(str(b / "dump" / "step0"), str(target / "step0"))
+    dump_json = target / "step0" / "rank0" / "dump.json"
+    scaled(dump_json, "Module.fc.Linear.forward.0", "output", 3.0)
+    scaled(dump_json, "Module.layer1.0.conv1.Conv2d.forward.0", "input_args", 100.0)
+    scaled(dump_json, "Module.layer1.0.conv1.Conv2d.forward.0", "output", 100.0)
+    scaled(dump_json, "Module.layer2.0.conv1.Conv2d.forward.0", "input_args", 1.01)
+    scaled(dump_json, "Module.layer2.0.conv1.Conv2d.forward.0", "output", 1.2)
+    proc = align("compare", a / "dump", target, "--top", "4")
+    assert proc.returncode == 1, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "1 over msprobe's thresholds (error), 1 warning(s)" in proc.stdout, proc.stdout[-3000:]
+    at = proc.stdout.splitlines().index("worst 4: msprobe's errors first, then its warnings, then the rest; each by "
+                                        "relative error, largest first:")
+    listed = [line.split() for line in proc.stdout.splitlines()[at + 1:at + 5]]
+    conv1, conv2 = "Module.layer1.0.conv1.Conv2d.forward.0.", "Module.layer2.0.conv1.Conv2d.forward.0."
+    assert [(w[0], w[-1]) for w in listed] == [
+        ("Module.fc.Linear.forward.0.output.0", "error"), (conv2 + "output.0", "warning"),
+        (conv1 + "input.0", "pass"), (conv1 + "output.0", "pass")], proc.stdout[-3000:]
+    assert "=> first over msprobe's thresholds in execution order: fc (Module.fc.Linear.forward.0, step 0" in \
+        proc.stdout
+    assert results_of(proc.stdout) == {str(tmp_path / "compare_dump_vs_target")}
 
 
 @needs_msprobe
@@ -171,3 +277,38 @@ def test_align_bad_input_is_one_line(tmp_path):
     assert_one_line_error(align("losses", tmp_path / "empty", tmp_path / "empty"),
                           "has neither step_losses.csv nor metrics.jsonl")
     assert_one_line_error(align("config", tmp_path / "empty", tmp_path / "empty"), "no readable summary.json")
+
+
+LONG = list(RUN)  # two epochs of 20 steps
+LONG[LONG.index("--epochs") + 1], LONG[LONG.index("--max-steps-per-epoch") + 1] = "2", "20"
+
+
+@needs_msprobe
+@pytest.mark.timeout(600)
+def test_a_dump_after_a_mid_epoch_resume_is_labelled_with_its_global_step(shapes, tmp_path):
+    """Two epochs of 20 steps dumping global step 39: the run stopped by SIGTERM early in epoch 1 and resumed
+    (--resume auto, the same command) dumps it into step39/, as the uninterrupted run does, with the same data."""
+    args = LONG + ["--dump-steps", "39"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    trained(shapes, whole / "run", args + ["--precision-dump", str(whole / "dump")])
+    command = [str(shapes), "--output-dir", str(parts / "run")] + args + ["--precision-dump", str(parts / "dump")]
+    proc = subprocess.Popen([PY, os.path.join(ROOT, "main.py")] + command, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
+    read_lines(proc, lambda lines: re.match(r"Epoch: \[1\]\[\s*2/20\]", lines[-1]), timeout=240)
+    proc.send_signal(signal.SIGTERM)
+    _, err = finish(proc, timeout=240)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    stop = read_summary(parts / "run")["stopped"]
+    assert stop["epoch"] == 1 and 2 <= stop["step"] < 20, stop  # mid-epoch, before the dumped step
+    assert not (parts / "dump").exists() or not os.listdir(str(parts / "dump"))
+    resumed = run_main(command + ["--resume", "auto"])
+    assert resumed.returncode == 0, (resumed.stdout[-2000:], resumed.stderr[-3000:])
+    assert "=> continuing epoch 1 at step {} of 20".format(stop["step"]) in resumed.stdout
+    for run in (whole, parts):  # the global step's label, after the resume too
+        steps = sorted(os.listdir(str(run / "dump"))) if (run / "dump").is_dir() else []
+        assert steps == ["step39"], (run, steps)
+    dumps = []
+    for run in (whole, parts):
+        with open(str(run / "dump" / "step39" / "rank0" / "dump.json")) as f:
+            dumps.append(json.load(f)["data"])
+    assert dumps[0].keys() == dumps[1].keys() and dumps[0] == dumps[1]  # the same step: the same statistics

@@ -10,8 +10,11 @@ compare: msprobe's comparison (its ``msprobe compare``) of the two --precision-d
 by rank (DIR/step<k>/rank<r>/dump.json; a step folder may be given too), and a short verdict: the first API or
 module, in execution order, that msprobe marks "error" (over its thresholds: statistics, an output whose norm
 relative error is above 0.5 while its inputs' is below 0.1; tensors, msprobe's cosine and error-ratio rules), the
-worst N by relative error, and where the full result (msprobe's CSV per step and rank) is. Its "warning"s
-(an output's error ten times its inputs', common with float32 rounding alone) are counted, not failed.
+worst N (msprobe's errors first, then its warnings, then the rest, each by relative error), and where the full
+result (msprobe's CSV per step and rank) is. Its "warning"s (an output's error ten times its inputs', common with
+float32 rounding alone) are counted, not failed. Without -o the results go to a new folder beside TARGET's dump
+folder, compare_<golden>_vs_<target> (the dump folders' names; _2, _3, ... when it exists), so that each comparison
+keeps its own; a given -o must be empty (or --force). A folder compare creates holds a .gitignore of "*".
 losses: the training loss of every step of two runs (their step_losses.csv, whatever -p each ran with): the largest
 relative gap |a - b| / |a|, the first step over --rtol, and a plot of both curves and the gap.
 config: what differs between two runs' summary.json: hyper-parameters, seed, the initial weights' and first
@@ -27,6 +30,7 @@ if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import glob
 import functools
+import itertools
 import json
 import math
 import os
@@ -41,6 +45,7 @@ from tools.plot_runs import save_figure
 
 STEP_DIR = re.compile(r"step(\d+)$")
 RANK_DIR = re.compile(r"(?:rank|proc)(\d+)$")
+SEVERITY = {"error": 0, "warning": 1}  # msprobe's Result: the order of compare's worst list
 # run-to-run settings that differ between machines without changing the numerics (config)
 MACHINE_KEYS = ("data", "output_dir", "tensorboard_dir", "precision_dump", "dump_config", "device", "device_index",
                 "device_list", "addr", "port", "dist_url", "dist_backend", "local_rank", "launch", "node_rank",
@@ -57,9 +62,8 @@ def _steps(path, side):
     if not os.path.isdir(path):
         raise UsageError("{} '{}' is not a folder: give a --precision-dump folder (or one of its step<k>/)".format(
             side, path))
-    m = STEP_DIR.match(os.path.basename(os.path.normpath(path)))
-    if m and any(RANK_DIR.match(n) for n in os.listdir(path)):
-        return {int(m.group(1)): path}
+    if _is_step_folder(path):
+        return {int(STEP_DIR.match(os.path.basename(os.path.normpath(path))).group(1)): path}
     out = {}
     for name in os.listdir(path):
         m = STEP_DIR.match(name)
@@ -69,6 +73,12 @@ def _steps(path, side):
         raise UsageError("{} '{}' holds no msprobe dump (no step<k>/rank<r>/dump.json): give the folder of main.py "
                          "--precision-dump".format(side, path))
     return out
+
+
+def _is_step_folder(path):
+    """Whether ``path`` is one step<k>/ of a --precision-dump folder (it holds rank<r>/ folders)."""
+    return bool(STEP_DIR.match(os.path.basename(os.path.normpath(path)))) and os.path.isdir(path) and \
+        any(RANK_DIR.match(n) for n in os.listdir(path))
 
 
 def _ranks(step_dir):
@@ -119,6 +129,42 @@ def _read_rows(csv_path, step, rank):
     return rows
 
 
+def _dump_folder(path):
+    """The --precision-dump folder of ``path`` (itself, or the folder above a step<k>/ given alone)."""
+    path = os.path.abspath(path)
+    return os.path.dirname(path) if _is_step_folder(path) else path
+
+
+def _safe_name(path):
+    """A run's name for a folder name: the dump folder's basename, letters, digits, '.', '-' and '_' only."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(_dump_folder(path))).strip("._") or "dump"
+    return name[:60]
+
+
+def ignore_all(folder):
+    """A .gitignore of ``*`` in a folder compare created: nothing it writes shows in a git checkout."""
+    with open(os.path.join(folder, ".gitignore"), "w") as f:
+        f.write("*\n")
+
+
+def new_results_dir(golden, target):
+    """compare without -o: a new folder beside the target's dump folder, compare_<golden>_vs_<target>, with _2, _3,
+    ... where that exists; git-ignored."""
+    parent = os.path.dirname(_dump_folder(target))
+    base = os.path.join(parent, "compare_{}_vs_{}".format(_safe_name(golden), _safe_name(target)))
+    for n in itertools.count(1):
+        path = base if n == 1 else "{}_{}".format(base, n)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UsageError("cannot create '{}' beside the TARGET dump ({}): give -o DIR".format(
+                path, exc.strerror or exc))
+        ignore_all(path)
+        return path
+
+
 def _quiet():
     """msprobe's logger to warnings only (its INFO lines would bury the verdict)."""
     import logging
@@ -139,7 +185,7 @@ def run_compare(golden, target, out_dir, top, force, log):
             raise UsageError("step {}: GOLDEN has rank(s) {} and TARGET rank(s) {}: no rank in common".format(
                 step, _ranks(gsteps[step]), _ranks(tsteps[step])))
         pairs.append((step, ranks))
-    if os.path.exists(out_dir):
+    if out_dir is not None and os.path.exists(out_dir):
         if not os.path.isdir(out_dir):
             raise UsageError("-o '{}' is a file: give a folder for msprobe's results".format(out_dir))
         if os.listdir(out_dir) and not force:
@@ -151,12 +197,24 @@ def run_compare(golden, target, out_dir, top, force, log):
         raise UsageError("tools.align compare needs msprobe: pip install mindstudio-probe==26.2.0 (make install "
                          "installs it)")
     _quiet()
+    made = out_dir is None or not os.path.isdir(out_dir)  # compare's own folder: its .gitignore covers it all
+    if out_dir is None:
+        out_dir = new_results_dir(golden, target)
+    elif made:
+        try:
+            os.makedirs(out_dir)
+        except OSError as exc:
+            raise UsageError("-o '{}': cannot create it ({}): give another -o".format(out_dir, exc.strerror or exc))
+        ignore_all(out_dir)
+    log("=> results into {}".format(os.path.abspath(out_dir)))
     rows, files = [], []
     for step, ranks in pairs:
         step_out = os.path.join(out_dir, "step{}".format(step))
         if os.path.isdir(step_out):
             shutil.rmtree(step_out)  # --force: this step's earlier results
         os.makedirs(step_out)
+        if not made:
+            ignore_all(step_out)  # an -o that was there already: what compare writes in it is ignored all the same
         compare_distributed_inner(tsteps[step], gsteps[step], step_out)
         for path in sorted(glob.glob(os.path.join(step_out, "compare_result_*.csv"))):
             m = re.search(r"compare_result_(?:rank|proc)(\d+)_", os.path.basename(path))
@@ -179,13 +237,15 @@ def verdict(rows, files, pairs, top, log):
         "(error), {} warning(s){}".format(
             len(pairs), ",".join(str(s) for s, _ in pairs), ",".join(map(str, ranks)), len(rows), len(errors),
             warnings, ", {} only in the target".format(unmatched) if unmatched else ""))
-    worst = sorted((r for r in rows if r["rel"] is not None), key=lambda r: -r["rel"])[:top]
+    worst = worst_rows(rows, top)
     if worst:
         width = max(len(r["name"]) for r in worst)
-        log("worst {} by relative error:".format(len(worst)))
+        log("worst {}: msprobe's errors first, then its warnings, then the rest; each by relative error, largest "
+            "first:".format(len(worst)))
         for r in worst:
-            log("  {:<{w}}  step {} rank {}  rel {:.3e}  {}".format(r["name"], r["step"], r["rank"], r["rel"],
-                                                                    r["result"] or "-", w=width))
+            log("  {:<{w}}  step {} rank {}  rel {}  {}".format(
+                r["name"], r["step"], r["rank"], "{:.3e}".format(r["rel"]) if r["rel"] is not None else "N/A",
+                r["result"] or "-", w=width))
     for path in files:
         log("=> full result: {}".format(os.path.abspath(path)))
     if not errors:
@@ -198,6 +258,14 @@ def verdict(rows, files, pairs, top, log):
         ", relative error {:.3e}".format(first["rel"]) if first["rel"] is not None else "",
         _first_error(first["message"])))
     return 1
+
+
+def worst_rows(rows, top):
+    """The ``top`` worst rows by the verdict's rule: msprobe's errors, then its warnings, then the rest, each by
+    relative error (largest first; an error or warning without one after those with one)."""
+    listed = (r for r in rows if r["rel"] is not None or r["result"] in SEVERITY)
+    return sorted(listed, key=lambda r: (SEVERITY.get(r["result"], len(SEVERITY)), r["rel"] is None,
+                                         -(r["rel"] or 0.0)))[:top]
 
 
 def _first_error(message):
@@ -404,8 +472,9 @@ def build_parser():
     c = sub.add_parser("compare", help="msprobe's comparison of two --precision-dump folders, with a verdict")
     c.add_argument("golden", metavar="GOLDEN", help="the reference run's --precision-dump folder (GPU or CPU)")
     c.add_argument("target", metavar="TARGET", help="the compared run's --precision-dump folder (NPU)")
-    c.add_argument("-o", "--output", default="align_compare", metavar="DIR",
-                   help="msprobe's full results (a CSV per step and rank) go here")
+    c.add_argument("-o", "--output", default=None, metavar="DIR",
+                   help="msprobe's full results (a CSV per step and rank) go here (default: a new folder "
+                        "compare_<golden>_vs_<target>[_N] beside TARGET's dump folder)")
     c.add_argument("--top", type=options.number(int, 1), default=10, help="rows of the worst list")
     c.add_argument("--force", action="store_true", help="replace the results in a non-empty -o")
     loss = sub.add_parser("losses", help="the per-step training losses of two runs")

@@ -173,7 +173,8 @@ class BatchFingerprint:
 
 
 class Dumper:
-    """--precision-dump: msprobe's PrecisionDebugger around each training step, counting from the first global step."""
+    """--precision-dump: msprobe's PrecisionDebugger around each training step, counting from ``first_step``, the
+    global step the run trains first (a resumed run's: the step after its checkpoint's, mid-epoch too)."""
 
     def __init__(self, run, rank, first_step, model, log):
         mp = msprobe("--precision-dump")

@@ -126,8 +126,8 @@ class Trainer:
                                  plan.optim.lr_peak_epoch)
         zoo.check_skip_steps(plan.run.skip_steps, self.steps)
         if plan.run.precision_dump is not None:
-            self.dumper = align.Dumper(plan.run, self.dist.rank, self.start_epoch * self.steps,
-                                       _unwrap(self.model_for_eval), log)
+            first = self.start_epoch * self.steps + (self.carry or {}).get("step", 0)  # mid-epoch: inside the epoch
+            self.dumper = align.Dumper(plan.run, self.dist.rank, first, _unwrap(self.model_for_eval), log)
         self.train_step = TrainStep(self.model, self.criterion, self.step, self.schedule, self.normalize, self.ema,
                                     self.dumper, log)
         if plan.run.profile_steps is not None:
