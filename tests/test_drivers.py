@@ -152,7 +152,7 @@ def test_full_1p_imagenet_layout_moves_an_earlier_run_aside(imagenet_small, tmp_
     log = (out / "train_0.log").read_text()
     assert "Epoch: [0][" in log and " *   Acc@1 " in log  # pytorch/examples line formats
     assert sorted(os.listdir(str(out))) == sorted(["checkpoint.pth.tar", "model_best.pth.tar", "summary.json",
-                                                   "metrics.jsonl", "tensorboard", "train_0.log",
+                                                   "metrics.jsonl", "step_losses.csv", "tensorboard", "train_0.log",
                                                    "tiny_cnn_bs8_1p_acc.log",
                                                    "train_tiny_cnn_bs8_1p_acc_loss.txt"])  # run.lock released
 

@@ -41,7 +41,7 @@ import tempfile
 
 from trainer import errors, options
 from trainer.errors import UsageError
-from tools.plot_runs import save_figure
+from tools.plot_runs import plot_gap
 
 STEP_DIR = re.compile(r"step(\d+)$")
 RANK_DIR = re.compile(r"(?:rank|proc)(\d+)$")
@@ -333,7 +333,7 @@ def run_losses(a, b, rtol, plot_path, force, log):
     log("=> losses: {} common step(s) ({}..{}); largest relative gap {:.3e} at step {} (A {:.6g}, B {:.6g})".format(
         len(steps), steps[0], steps[-1], gaps[worst], steps[worst], la[steps[worst]], lb[steps[worst]]))
     if plot_path is not None:
-        _plot(steps, [la[s] for s in steps], [lb[s] for s in steps], gaps, rtol, plot_path, a, b)
+        plot_gap(steps, [la[s] for s in steps], [lb[s] for s in steps], gaps, rtol, plot_path, (a, b))
         log("=> plot: {}".format(os.path.abspath(plot_path)))
     if over:
         log("=> the gap first exceeds --rtol {:g} at step {} ({} of {} steps over)".format(rtol, over[0], len(over),
@@ -341,29 +341,6 @@ def run_losses(a, b, rtol, plot_path, force, log):
         return 1
     log("=> within --rtol {:g} at every common step".format(rtol))
     return 0
-
-
-def _plot(steps, ya, yb, gaps, rtol, out, a, b):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install matplotlib")
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    top.plot(steps, ya, "-", label="A: " + a)
-    top.plot(steps, yb, "--", label="B: " + b)
-    top.set_ylabel("training loss")
-    top.legend(fontsize=7)
-    top.grid(alpha=0.3)
-    bottom.plot(steps, [g if math.isfinite(g) else float("nan") for g in gaps], "-", color="C3")
-    bottom.axhline(rtol, color="grey", linestyle=":", label="--rtol")
-    bottom.set_ylabel("|A - B| / |A|")
-    bottom.set_xlabel("global step")
-    bottom.legend(fontsize=7)
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, out)
 
 
 # ---------------------------------------------------------------- config

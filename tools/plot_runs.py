@@ -16,6 +16,7 @@ from trainer import interpreter
 if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import json
+import math
 import os
 import sys
 
@@ -109,6 +110,32 @@ def save_figure(fig, out):
         plt.close(fig)
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def plot_gap(steps, ya, yb, gaps, rtol, out, names):
+    """Two runs' per-step losses (``names``: A's and B's) and their relative gap against ``rtol``, as a PNG
+    (tools.align losses --plot)."""
+    a, b = names
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install matplotlib")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    top.plot(steps, ya, "-", label="A: " + a)
+    top.plot(steps, yb, "--", label="B: " + b)
+    top.set_ylabel("training loss")
+    top.legend(fontsize=7)
+    top.grid(alpha=0.3)
+    bottom.plot(steps, [g if math.isfinite(g) else float("nan") for g in gaps], "-", color="C3")
+    bottom.axhline(rtol, color="grey", linestyle=":", label="--rtol")
+    bottom.set_ylabel("|A - B| / |A|")
+    bottom.set_xlabel("global step")
+    bottom.legend(fontsize=7)
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, out)
 
 
 def main(argv=None):
