@@ -263,7 +263,7 @@ def _spawn_entry(local_index, plan, worker, trace_path, supervisor):
     """A spawned rank: run ``worker``, exit with its code; a traceback goes to ``trace_path`` for the supervisor to
     print once (exit 1). The rank ends with its ``supervisor`` (a pid), also when that was killed."""
     hold_stops()
-    die_with_parent(signal.SIGTERM, supervisor)  # SIGTERM ends a rank at once (ranks leave it unhandled)
+    die_with_parent(signal.SIGTERM, supervisor)  # a stop like any: kept while it starts, agreed on once it trains
     plan = plan.placed(local_rank=local_index, rank=plan.launch.rank + local_index)
     try:
         code = worker(plan)

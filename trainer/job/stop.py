@@ -8,8 +8,8 @@ at an epoch's end. A second signal raises, but never while a checkpoint is writt
 and during any checkpoint's write, signals are recorded (``later``); a second one during another write is acted on
 once the write is whole. A requeueable Slurm job stopped by the warning is requeued once its checkpoint is written
 (SIGTERM and SIGINT end it). Before the run's handlers (``hold_stops``: main.py's first line, a spawned rank's) a
-stop signal is kept, never its default action, and acted on as they are installed: a rank that a signal ended while
-it imported would leave the others waiting for it at the rendezvous (a second one this early ends the process).
+stop signal is kept, never its default action: one process acts on it as they are installed; a rank's SIGINT or
+SIGTERM ends it at the rendezvous (held_stderr), where no other rank waits for it (a second one ends it at once).
 After the run SIGUSR1 is ignored, so one then leaves the exit code as it was.
 """
 import atexit
