@@ -1,5 +1,6 @@
 """tools/check_device.py, the accelerator battery, run for real on the CPU with --small."""
 import json
+import multiprocessing
 import threading
 
 import pytest
@@ -54,8 +55,12 @@ def test_fps_check_feeds_from_jpegs_with_both_data_backends(tmp_path, monkeypatc
     monkeypatch.setattr(batch_decode.DeviceDecodeLoader, "_prepare",
                         lambda self, *args: threads.add(threading.current_thread().name[:12]) or real(self, *args))
     out = tmp_path / "results.json"
+    before = set(multiprocessing.active_children())
     rc = check_device.main(["--small", "--device", "cpu", "--work-dir", str(tmp_path / "w"),
                             "--only", "fps-shufflenet", "--decode-ahead", "on", "--json", str(out)])
+    # its three trainer runs' data-loader workers ended with each run (a later garbage collection would wait 5 s
+    # for each before killing it)
+    assert not set(multiprocessing.active_children()) - before, multiprocessing.active_children()
     row = json.loads(out.read_text())["checks"][0]
     assert rc == 0 and row["status"] == "PASS", row["detail"]
     assert row["data_backend"] == "cpu"

@@ -81,7 +81,10 @@ def _worker(plan, section, stop, amp_timer):
             rs = summary.RunSummary(plan, os.path.join(plan.run.output_dir, name))
             rs.update(host_memory=host_memory, cpu_binding=bound, device_settings=settings)
         trainer = Trainer(plan, device, dist, log, rs, amp_timer, stop)
-        return trainer.evaluate() if plan.run.evaluate else trainer.fit()
+        try:
+            return trainer.evaluate() if plan.run.evaluate else trainer.fit()
+        finally:
+            trainer.close()
     except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal outside the training loop (stop.Stopped)
         for s in stops.SIGNALS:  # a second signal (or spawn's supervisor passing it on) must not cut the summary short
             signal.signal(s, signal.SIG_IGN)

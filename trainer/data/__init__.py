@@ -17,7 +17,7 @@ from trainer.errors import DataError, counted
 _TORCH_PARTS = {
     "host": ("ImageDataset", "PaddedEvalDataset", "channels_last_collate"),
     "images": ("BadImageError", "load_rgb", "open_image", "read_bytes", "sample_rng", "torch_resize"),
-    "samplers": ("EpochSampler", "ShardSampler", "dataloader", "padded_length"),
+    "samplers": ("EpochSampler", "ShardSampler", "dataloader", "padded_length", "release"),
     "transforms": ("MEAN", "STD", "Normalizer", "TrainCrop", "ValCrop", "train_transform", "val_transform"),
     "synthetic": (), "device_backend": (),
 }

@@ -76,3 +76,17 @@ def dataloader(dataset, batch, sampler, workers, pin_memory, drop_last, collate_
                       worker_init_fn=lifeline.worker_init())  # the workers end with this process
     return torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=workers,
                                        pin_memory=pin_memory, drop_last=drop_last, **kwargs)
+
+
+def release(*loaders):
+    """End the persistent workers of ``loaders`` (a backend's wrapper: the DataLoader it wraps) now. torch keeps them
+    until their DataLoader is collected or the interpreter exits; in a process that goes on after a run (a tool's runs
+    in process, a test) a reference cycle leaves them to a garbage collection, whose shutdown, its queues already
+    finalised, waits out every worker (5 s each) before it kills them."""
+    for loader in loaders:
+        while loader is not None and not isinstance(loader, torch.utils.data.DataLoader):
+            loader = getattr(loader, "loader", None)
+        it = getattr(loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+            loader._iterator = None
