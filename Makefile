@@ -32,11 +32,14 @@ CLIENT_TESTS := -m "clients and not graph and not ranks and not slurm and not do
 BENCH_TESTS  := -m "bench and not graph and not ranks and not slurm and not double"
 # the porting tools' runs (marker "tools"): the device battery, ONNX export, op inventory, precision comparison
 TOOLS_TESTS  := -m "tools and not graph and not ranks and not slurm and not double"
-# the second stack's lanes run only the tests whose outcome can depend on torch (marker "stack", tests/README.md):
-# test-compat holds what make test, test-clients, test-bench and test-tools run on the pinned stack
-COMPAT_TESTS := -m "not graph and not ranks and not slurm and not double" --stack-only
+# CI's second lane of the pinned stack: what test-clients, test-bench, test-tools, test-graph and test-npu run, in one
+# pytest run (one start, and the cores kept busy to its end)
+MORE_TESTS   := -m "(clients or bench or tools or graph or double) and not slurm and not (ranks and not graph and not double)"
+# the other stacks' lanes run only the tests whose outcome can depend on torch (marker "stack", tests/README.md):
+# test-compat holds what every lane of the pinned stack but test-ranks and test-slurm runs
+COMPAT_TESTS := -m "not slurm and not (ranks and not graph and not double)" --stack-only
 
-.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-compat test-ranks-compat test-graph-compat test-npu-compat test-torch1.11 test-ranks-torch1.11 stress ci demo lint clean-demo check-device
+.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-ranks-compat test-torch1.11 test-ranks-torch1.11 stress ci demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -89,6 +92,10 @@ test-bench: install
 test-tools: install
 	$(PY) -m pytest $(TOOLS_TESTS) $(PYTEST_ARGS)
 
+# CI's: test-clients, test-bench, test-tools, test-graph and test-npu in one pytest run
+test-more: install
+	$(PY) -m pytest $(MORE_TESTS) $(PYTEST_ARGS)
+
 # the jobs of several ranks (spawn, torchrun, nodes, Ctrl-C, killed ranks) on the pinned stack
 test-ranks: install
 	$(PY) -m pytest $(RANKS_TESTS) $(PYTEST_ARGS)
@@ -104,8 +111,8 @@ test-slurm: install
 	. "$${SLURM_LOCAL_STATE:-/tmp/slurm-local}/env" && $(PY) -m pytest -m slurm -q -rs --durations=5 tests/test_slurm.py \
 	  tests/test_slurm_local.py; rc=$$?; ./tools/slurm_local.sh stop; exit $$rc
 
-# torch 2.1.0 (requirements-compat.txt): the tests marked "stack" of every lane but Slurm's, in four lanes; a test
-# that needs a newer torch skips with its reason (-rs lists them)
+# torch 2.1.0 (requirements-compat.txt): the tests marked "stack" of every lane but Slurm's, in two lanes (the ranks'
+# jobs apart); a test that needs a newer torch skips with its reason (-rs lists them)
 test-compat: install-compat
 	$(PY_COMPAT) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
 
@@ -121,20 +128,14 @@ test-torch1.11: install-torch1.11
 test-ranks-torch1.11: install-torch1.11
 	$(PY_111) -m pytest $(RANKS_TESTS) --stack-only $(PYTEST_ARGS)
 
-# graph mode (--compile): tests/test_graph.py on the pinned stack, then on torch 2.1.0
+# graph mode (--compile): tests/test_graph.py
 test-graph: install
 	$(PY) -m pytest $(GRAPH_TESTS) $(PYTEST_ARGS)
 
-test-graph-compat: install-compat
-	$(PY_COMPAT) -m pytest $(GRAPH_TESTS) --stack-only $(PYTEST_ARGS)
-
 # main.py's NPU ways to run, trained end to end on the torch_npu double (tests/fake_npu: tensors on npu:N with
-# host data), on the pinned stack, then on torch 2.1.0
+# host data)
 test-npu: install
 	$(PY) -m pytest $(DOUBLE_TESTS) $(PYTEST_ARGS)
-
-test-npu-compat: install-compat
-	$(PY_COMPAT) -m pytest $(DOUBLE_TESTS) --stack-only $(PYTEST_ARGS)
 
 # every lane in CI's order, each timed with its five slowest tests (.ci/lanes.py; .ci/run calls it)
 ci:

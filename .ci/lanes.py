@@ -18,8 +18,11 @@ REPORTS = os.path.join(ROOT, ".ci-reports")
 
 # lint first (seconds), then the README's test command, the pinned stack's other lanes, the real Slurm, and the
 # lanes of the second stack (torch 2.1: only the tests whose outcome can depend on torch, tests/README.md)
-LANES = ("lint", "test", "test-clients", "test-bench", "test-tools", "test-ranks", "test-slurm", "test-graph",
-         "test-npu", "test-compat", "test-ranks-compat", "test-graph-compat", "test-npu-compat")
+LANES = ("lint", "test", "test-more", "test-ranks", "test-slurm", "test-compat", "test-ranks-compat")
+# The other stacks' installs run in the background from the end of the first lane (lint installs the pinned stack and
+# the system packages every stack shares), beside the pinned stack's lanes; a lane of that stack waits for its install
+# first (its output in .ci-reports/<install>.log, printed where it fails).
+INSTALLS = {"install-compat": ("test-compat", "test-ranks-compat")}
 
 
 def slowest(xml_path, n=5):
@@ -67,10 +70,43 @@ def say(text):
     sys.stdout.flush()
 
 
+class Install:
+    """``make <target>`` in the background, its output in .ci-reports/<target>.log."""
+
+    def __init__(self, target):
+        os.makedirs(REPORTS, exist_ok=True)
+        self.target, self.log = target, os.path.join(REPORTS, target + ".log")
+        self.t0, self.rc, self.seconds = time.monotonic(), None, None
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(["make", "--no-print-directory", target], cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def wait(self):
+        """Its exit code, once it has ended (its log's tail printed where it failed)."""
+        if self.rc is None:
+            waited = time.monotonic()
+            self.rc = self.proc.wait()
+            self.seconds = time.monotonic() - self.t0
+            say("=== {} (in the background): {} in {:.0f} s, {:.0f} s of it waited for".format(
+                self.target, "done" if self.rc == 0 else "FAILED (exit {})".format(self.rc), self.seconds,
+                time.monotonic() - waited))
+            if self.rc:
+                with open(self.log) as f:
+                    say(f.read()[-5000:])
+        return self.rc
+
+
 def all_lanes(lanes):
-    rows, t_all = [], time.monotonic()
-    for lane in lanes:
+    rows, t_all, installs = [], time.monotonic(), {}
+    for i, lane in enumerate(lanes):
+        if i == 1:  # the first lane has installed the pinned stack and the system packages
+            installs = {target: Install(target) for target, served in INSTALLS.items() if set(served) & set(lanes[1:])}
         say("=== {} ===".format(lane))
+        needs = [installs[target] for target, served in INSTALLS.items() if lane in served and target in installs]
+        if any(install.wait() for install in needs):
+            rows.append((lane, 2, 0.0, None))
+            say("=== {}: FAILED (its stack did not install)".format(lane))
+            continue
         rc, seconds, report = run_lane(lane)
         rows.append((lane, rc, seconds, counts(report)))
         say("=== {}: {} in {:.0f} s{}".format(lane, "passed" if rc == 0 else "FAILED (exit {})".format(rc), seconds,
@@ -82,6 +118,10 @@ def all_lanes(lanes):
         tests = "{passed} passed, {failed} failed, {skipped} skipped".format(**c) if c else "-"
         say("| {} | {} | {} | {:.0f} |".format(lane, "passed" if rc == 0 else "FAILED ({})".format(rc), tests,
                                                seconds))
+    for target, install in sorted(installs.items()):
+        if install.wait() is not None:
+            say("| {} (background) | {} | - | {:.0f} |".format(target, "passed" if install.rc == 0 else
+                                                             "FAILED ({})".format(install.rc), install.seconds))
     failed = [lane for lane, rc, _, _ in rows if rc]
     say("all lanes: {:.0f} s; {}".format(time.monotonic() - t_all,
                                          "failed: " + ", ".join(failed) if failed else "every lane passed"))

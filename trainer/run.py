@@ -10,7 +10,7 @@ import signal
 import stat
 import sys
 
-from trainer import cli
+from trainer import cli, data
 from trainer.job import affinity, distributed, ranks, stop as stops
 from trainer.record import folders, metrics, summary
 from trainer.device import Device, out_of_memory
@@ -83,8 +83,8 @@ def _worker(plan, section, stop, amp_timer):
         trainer = Trainer(plan, device, dist, log, rs, amp_timer, stop)
         try:
             return trainer.evaluate() if plan.run.evaluate else trainer.fit()
-        finally:
-            trainer.close()
+        finally:  # the data-loader workers end with the run, not with the process (samplers.release)
+            data.release(trainer.train_loader, trainer.val_loader)
     except KeyboardInterrupt as exc:  # Ctrl-C, or a stop signal outside the training loop (stop.Stopped)
         for s in stops.SIGNALS:  # a second signal (or spawn's supervisor passing it on) must not cut the summary short
             signal.signal(s, signal.SIG_IGN)

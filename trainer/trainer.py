@@ -440,10 +440,6 @@ class Trainer:
         if self.summary is not None:
             self.summary.update(**dict(self.summary_fields(totals, last_val), **now))
 
-    def close(self):
-        """After ``fit`` or ``evaluate``: the data-loader workers end now, not when the process does."""
-        data.release(self.train_loader, self.val_loader)
-
     def evaluate(self):
         """--evaluate: one validation of the weights given (--resume FILE, --pretrained, or as initialised)."""
         plan, log, summary = self.plan, self.log, self.summary
