@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import ONCE, PY, ROOT, STACK, THREADS, assert_call_error
+from conftest import ONCE, PY, ROOT, THREADS, assert_call_error
 from tools import make_dataset
 
-pytestmark = [ONCE, pytest.mark.bench]
+pytestmark = [ONCE, pytest.mark.bench]  # the script's plumbing; what it times has its own stack tests
 
 try:
     import sklearn  # noqa: F401
@@ -84,7 +84,6 @@ def test_digits_export(tmp_path, capsys):
     assert listing(str(tmp_path / "e")) == d
 
 
-@STACK
 @pytest.mark.timeout(400)
 def test_bench_smoke(tmp_path):
     """--smoke: every part of the bench runs and its JSON has its fields (on the real digits when scikit-learn
@@ -121,7 +120,6 @@ def test_bench_smoke(tmp_path):
     assert "| plain |" in proc.stdout and "median over seeds" in proc.stdout
 
 
-@STACK
 @pytest.mark.timeout(300)
 def test_bench_lr_smoke(tmp_path):
     """--only lr --smoke: --recipe fast at a batch FFCV did not publish, once with each rule's LR and 0.1; the JSON
