@@ -91,6 +91,8 @@ class Child:
             self.kill_session(signal.SIGKILL)
             self.proc.wait()
         self.proc.stdout.close()
+        with open(self.err_path[:-len(".err")] + ".log", "w") as f:  # its stdout beside its stderr
+            f.write("".join(line + "\n" for line in self.lines))
         return code
 
     def kill_session(self, sig):

@@ -22,8 +22,8 @@ on a set generated into --work-dir (10 classes x 8 training and 2 validation ima
 injection: the uninterrupted run of its configuration (launcher, -j; run once and kept in --work-dir), the run
 with the injection, then ``--resume auto`` into its folder until summary.json says ``ok`` (a stop before the first
 save leaves nothing to resume: that run trains from the start). Checked: the injected run's exit code (128 + a
-signal sent; 0 where the run had ended ``ok``; killed by SIGINT or SIGTERM only where no run was under way: before
-main.py's first line or after its summary said ``ok``), no traceback, every step's loss (step_losses.csv), every
+signal sent; 0 where the run had ended ``ok``; killed by SIGINT or SIGTERM only before main.py's first line, where
+no handler can be), no traceback, every step's loss (step_losses.csv), every
 validation, Acc@1 and the final weights equal to the uninterrupted run's, the steps trained twice (the injected
 run's last step past the step its resumed run continued at), no run.lock left, no process left in the run's
 session, none past --timeout (then the outcome is ``hang``, with each process's state from /proc, and the
@@ -231,8 +231,8 @@ def allowed_exits(inj, summary, lines):
     allowed = {exit_code(s) for s in sent}
     if summary.get("status") == "ok":
         allowed.add(0)
-    if summary.get("status") == "ok" or not (summary or lines):  # no run under way: killed as any program is
-        allowed |= {-s for s in sent if s != signal.SIGUSR1}
+    if not (summary or [ln for ln in lines if not ln.startswith("## ")]):  # before main.py's first line: killed
+        allowed |= {-s for s in sent if s != signal.SIGUSR1}  # as any program is (a shell reads 128 + N)
     return allowed
 
 
@@ -265,6 +265,7 @@ def inject_one(a, inj, ref, steps, env):
             if k:
                 child.read(None, min(deadline, time.monotonic() + inj["second_delay"]))
             child.proc.send_signal(SIGNALS[name])
+            child.lines.append("## SIG{} sent".format(name))  # in its .log file, where it came
             sent = sent or time.monotonic()
     else:
         rec["problems"].append("the phase never came: the run {}".format("ended first" if reached is False
@@ -419,6 +420,8 @@ def build_parser():
                    help="seconds each process may take, past which it is a hang")
     p.add_argument("--max-redone", type=number(int, 0), default=1,
                    help="steps an injection may train twice and still pass (its outcome is 'redone N' all the same)")
+    p.add_argument("--only", nargs="+", type=number(int, 0), metavar="I",
+                   help="run only these of the seed's injections (their numbers: to repeat one)")
     p.add_argument("--json", metavar="FILE", help="every injection's record (default: DIR/faults.json)")
     return p
 
@@ -431,6 +434,8 @@ def run(a):
     a.data = data_set(a)
     injections, env, lock = draw(a.seed, a.count, a.launchers, a.workers, a.epochs), child_env(a.threads), \
         threading.Lock()
+    if a.only:
+        injections = [i for i in injections if i["index"] in a.only]
     configs = sorted({(i["launcher"], i["workers"]) for i in injections})
     refs = {}
 
