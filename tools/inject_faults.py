@@ -306,12 +306,13 @@ def resume(a, cmd, out, rec, env):
             rec.update(hang=child.hung, outcome="hang", landed="resumed run hung (stacks in {})".format(
                 child.err_path))
             return False
-        if code != 0:
+        check_end(child, out, rec, "the resumed run")
+        if code != 0:  # a run that fails would fail again: no further attempt
             rec["problems"].append("the resumed run ended with exit code {}: {}".format(
                 code, " | ".join(child.stderr_tail(2))))
-        check_end(child, out, rec, "the resumed run")
+            return False
     if read_summary(out).get("status") != "ok":
-        rec["problems"].append("3 resumed runs, and the run did not end ok")
+        rec["problems"].append("resumed 3 times, and the run did not end ok")
         return False
     return True
 
@@ -430,8 +431,10 @@ def run(a):
     if os.path.exists(a.work_dir) and not os.path.isdir(a.work_dir):
         raise UsageError("--work-dir '{}' is a file, not a folder".format(a.work_dir))
     a.work_dir = os.path.abspath(a.work_dir)
+    if a.data is not None:
+        a.data = data_set(a)  # checked before anything is written
     os.makedirs(a.work_dir, exist_ok=True)
-    a.data = data_set(a)
+    a.data = a.data or data_set(a)
     injections, env, lock = draw(a.seed, a.count, a.launchers, a.workers, a.epochs), child_env(a.threads), \
         threading.Lock()
     if a.only:
