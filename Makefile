@@ -39,7 +39,7 @@ MORE_TESTS   := -m "(clients or bench or tools or graph or double) and not slurm
 # test-compat holds what every lane of the pinned stack but test-ranks and test-slurm runs
 COMPAT_TESTS := -m "not slurm and not (ranks and not graph and not double)" --stack-only
 
-.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-ranks-compat test-torch1.11 test-ranks-torch1.11 stress ci demo lint clean-demo check-device
+.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-ranks-compat test-torch1.11 test-ranks-torch1.11 stress soak ci demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -147,6 +147,16 @@ N ?= 10
 stress:
 	@test -n "$(LANE)$(TEST)" || { echo "error: name a lane or a test: make stress LANE=test-ranks N=20, or make stress TEST=tests/test_stop.py::test_x N=20" >&2; exit 2; }
 	$(if $(TEST),$(MAKE) --no-print-directory install && ,)$(PYTHON) .ci/lanes.py stress $(or $(LANE),$(TEST)) $(N)
+
+# the stop path under seeded fault injection (tools/inject_faults.py): N stop signals (200 unless N is given) at
+# drawn moments of real one-process runs, each resumed and compared with the run that was not stopped; a line per
+# injection, a table per phase, every injection in $(SOAK_DIR)/faults-SEED.json (exit 1 if one is not exact):
+# make soak N=200 SEED=7
+SEED     ?= 0
+SOAK_DIR ?= soak
+soak: install
+	$(PY) -m tools.inject_faults -n $(if $(filter command line environment,$(origin N)),$(N),200) --seed $(SEED) \
+	  --work-dir $(SOAK_DIR)/seed-$(SEED) --json $(SOAK_DIR)/faults-$(SEED).json
 
 # What to run first on an accelerator box: tools/check_device.py's PASS/FAIL battery, results in
 # check_device.json. It uses the machine's own Python (with its torch) when no venv is installed.

@@ -1,0 +1,135 @@
+"""The processes of tools/inject_faults.py: main.py in a session of its own, its log read line by line as it comes
+(every wait bounded), the session's processes from /proc (what a hang leaves, what a run left behind), and the
+FIFO wait that holds a checkpoint's write."""
+import os
+import select
+import signal
+import subprocess
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV_DROPPED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env(threads):
+    """This environment without a cluster's or a launcher's variables; unbuffered, stacks dumped on SIGABRT."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_")) and k not in ENV_DROPPED}
+    env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", OMP_NUM_THREADS=str(threads))
+    return env
+
+
+def session(pgid):
+    """[(pid, state, wchan, command)] of the processes still in the session ``pgid`` (zombies included)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/{}/stat".format(entry)) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            with open("/proc/{}/wchan".format(entry)) as f:
+                wchan = f.read().strip()
+            with open("/proc/{}/cmdline".format(entry), "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()[:120]
+        except (OSError, ValueError, IndexError):
+            continue
+        out.append((int(entry), fields[0], wchan, cmd))
+    return out
+
+
+class Child:
+    """main.py in a session of its own: its stdout read line by line as it comes, its stderr into a file."""
+
+    def __init__(self, cmd, err_path, env):
+        self.err_path, self.lines, self._pending, self._buf, self.eof = err_path, [], [], b"", False
+        with open(err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT, env=env,
+                                         start_new_session=True)
+        self.started = time.monotonic()
+
+    def read(self, until, deadline):
+        """Lines until ``until(line)`` holds for one (True), the output ends (False) or ``deadline`` (None)."""
+        fd = self.proc.stdout.fileno()
+        while True:
+            while self._pending:
+                line = self._pending.pop(0)
+                self.lines.append(line)
+                if until is not None and until(line):
+                    return True
+            if self.eof:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if not select.select([fd], [], [], min(left, 1.0))[0]:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self.eof, chunk = True, b"\n" if self._buf else b""
+            parts = (self._buf + chunk).split(b"\n")
+            self._buf = parts.pop()
+            self._pending = [raw.decode("utf-8", "replace") for raw in parts]
+
+    def finish(self, deadline):
+        """Its output to the end and its exit code, or None past ``deadline``: then the session's processes are
+        described (``hung``), made to print their Python stacks (SIGABRT) and killed."""
+        done = self.read(None, deadline) is False
+        try:
+            code = self.proc.wait(max(0.0, deadline - time.monotonic())) if done else None
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            self.hung = session(self.proc.pid)
+            self.kill_session(signal.SIGABRT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+            self.kill_session(signal.SIGKILL)
+            self.proc.wait()
+        self.proc.stdout.close()
+        with open(self.err_path[:-len(".err")] + ".log", "w") as f:  # its stdout beside its stderr
+            f.write("".join(line + "\n" for line in self.lines))
+        return code
+
+    def kill_session(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except OSError:
+            pass
+
+    def left(self, within=30.0):
+        """The processes left in its session once it ended (waited for up to ``within`` s), then killed."""
+        deadline = time.monotonic() + within
+        while True:
+            rest = [p for p in session(self.proc.pid) if p[1] != "Z"]
+            if not rest or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if rest:
+            self.kill_session(signal.SIGKILL)
+        return rest
+
+    def stderr_tail(self, n=5):
+        try:
+            with open(self.err_path, errors="replace") as f:
+                return f.read().strip().splitlines()[-n:]
+        except OSError:
+            return []
+
+
+def waits_in_open(pid):
+    """Whether ``pid``'s main thread waits in open(2) for a FIFO's reader (the kernel's wait_for_partner; where
+    /proc/PID/wchan names no function, its syscall is open or openat)."""
+    try:
+        with open("/proc/{}/wchan".format(pid)) as f:
+            wchan = f.read().strip()
+        if wchan not in ("", "0"):
+            return wchan == "wait_for_partner"
+        with open("/proc/{}/syscall".format(pid)) as f:
+            return f.read().split()[0] in ("2", "56", "257")  # open (x86_64), openat (aarch64, x86_64)
+    except (OSError, IndexError):
+        return False
