@@ -270,7 +270,7 @@ class Trainer:
                 self.profiler.close()  # a run that ended before END still leaves its trace
         finally:
             if self.stop is not None:
-                self.stop.armed = False
+                self.stop.end()  # a signal from here on is recorded: the run has ended, as its summary will say
             self.recorder.close()
         if summary is not None:
             summary.write("ok")
@@ -317,7 +317,7 @@ class Trainer:
             return None
         # every rank waits for the checkpoint here, and agrees on a stop that came since the last print step
         asked = loops.stopped_by or int(dist.max(self.stop.signum or 0, self.device))
-        if not asked:
+        if not asked or done >= run.epochs:  # after the last epoch's checkpoint a stop has nothing left to stop
             return None
         loops.agree(asked)
         return self._stopped(loops, totals, done)

@@ -225,6 +225,9 @@ def stop_report(ranks, signum, summary_path, since, rank_ids=None, holds_rank0=T
     checkpoint was written; 1 where a rank failed or was killed before the stop was saved. ``rank_ids``: the
     global ranks of this node's processes; ``holds_rank0``: rank 0 (the summary's writer) runs on this node."""
     codes, folder = ranks.codes(), os.path.dirname(summary_path) or "."
+    if codes and all(c == 0 for c in codes):  # it came after every rank had ended its run: nothing was stopped
+        return 0, "note: {} came after every rank had finished: the run ended ok (summary in '{}')".format(
+            name(signum), folder)
     rank_ids = list(range(len(codes)) if rank_ids is None else rank_ids)
     record = stop_record(summary_path, since) if holds_rank0 else None
     checkpoint = record.get("checkpoint") if record else None

@@ -10,7 +10,8 @@ once the write is whole. A requeueable Slurm job stopped by the warning is reque
 (SIGTERM and SIGINT end it). Before the run's handlers (``hold_stops``: main.py's first line, a spawned rank's) a
 stop signal is kept, never its default action: one process acts on it as they are installed; a rank's SIGINT or
 SIGTERM ends it at the rendezvous (held_stderr), where no other rank waits for it (a second one ends it at once).
-After the run SIGUSR1 is ignored, so one then leaves the exit code as it was.
+Once the run has ended (``StopRequest.end``: its summary says how) a stop signal is recorded, never acted on, and at
+the exit all three are ignored: one then leaves the exit code as the run decided it.
 """
 import atexit
 import contextlib
@@ -22,31 +23,34 @@ import time
 WARNING = getattr(signal, "SIGUSR1", None)  # Slurm's warning signal: kept until the loop can act on it
 SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, WARNING) if s is not None)
 _KEPT = []  # (signal, time) of the stop signals that came while no run's handler was installed
+_ENDED = []  # a run has ended in this process (StopRequest.end): a stop signal after it is only kept
 REPEAT = 2.0  # s: the same signal this soon is one delivered twice (Ctrl-C, and the supervisor passing it on)
 
 
 def _keep(signum, frame):
-    if _KEPT and signum != WARNING and time.time() - _KEPT[0][1] >= REPEAT:
+    if _KEPT and signum != WARNING and not _ENDED and time.time() - _KEPT[0][1] >= REPEAT:
         raise Stopped(signum)  # a second SIGINT or SIGTERM while the process starts: it ends now
     _KEPT.append((signum, time.time()))
 
 
-def _ignore_warning():
-    signal.signal(WARNING, signal.SIG_IGN)
+def _ignore_stops():
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def hold_stops():
     """From here on a stop signal outside a run's handlers is kept (``kept``), not the end of the process; unblocked
-    if the process started with them blocked (``stops_blocked``: they waited there). At the exit SIGUSR1 is ignored:
-    Python's exit puts the handlers it set back to their defaults (SIGUSR1's ends the process) while it tears down
-    modules and torch, so a warning then would end a run that finished with signal 10 (Slurm: FAILED), not its exit
-    code."""
+    if the process started with them blocked (``stops_blocked``: they waited there). At the exit (the last of its
+    atexit calls) the stop signals are ignored: Python's exit puts the handlers it set back to their defaults while it
+    tears down modules and torch, so a signal then would end a run that finished, or stopped, by the signal (Slurm:
+    FAILED), not by the exit code it decided. (A teardown that hangs then needs SIGKILL, which the supervisors send
+    after their grace.)"""
+    del _ENDED[:]
     for s in SIGNALS:
         signal.signal(s, _keep)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(SIGNALS))
-    if WARNING is not None:
-        atexit.unregister(_ignore_warning)
-        atexit.register(_ignore_warning)
+    atexit.unregister(_ignore_stops)
+    atexit.register(_ignore_stops)
 
 
 def keeping(handler):
@@ -111,7 +115,7 @@ class StopRequest:
 
     def __init__(self):
         self.signum, self.armed, self.several, self._previous, self._at = None, False, False, {}, 0.0
-        self.agreed, self.later, self._writing = None, [], 0
+        self.agreed, self.later, self._writing, self.ended = None, [], 0, False
 
     def install(self, several=False):
         self.several = several
@@ -123,6 +127,12 @@ class StopRequest:
         if first is not None:  # a signal while the process started: as if it came now
             self._on_signal(first, None)
         return self
+
+    def end(self):
+        """The run has ended (its summary is written, or is being written, as it ended): from here a stop signal is
+        recorded, never acted on, so none turns a finished run into a stopped one."""
+        self.ended, self.armed = True, False
+        _ENDED.append(True)
 
     def agree(self, signum):
         """Every rank stops for ``signum``: from here the run saves and exits, and no signal cuts that short."""
@@ -156,7 +166,7 @@ class StopRequest:
     def _on_signal(self, signum, frame):
         if self.signum == signum and time.time() - self._at < self.REPEAT:
             return
-        if self.agreed is not None or self._writing:  # recorded: the write (and an agreed stop's exit) goes on
+        if self.agreed is not None or self._writing or self.ended:  # recorded: the write (an exit) goes on
             if self.signum is None:
                 self.signum, self._at = signum, time.time()
             else:
