@@ -445,6 +445,16 @@ def test_a_stop_that_had_to_kill_a_rank_is_an_error_that_claims_no_checkpoint(tm
         "summary in '{}' records none)".format(tmp_path), line
 
 
+def test_a_stop_after_every_rank_finished_is_exit_0_and_says_so(tmp_path):
+    """The supervisor passes a signal on after its ranks have ended their runs (each exit 0): nothing was stopped."""
+    procs = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for p in procs:
+        p.wait()
+    exit_code, line = stop_report(Ranks(procs), signal.SIGINT, str(tmp_path / "summary.json"), time.time())
+    assert exit_code == 0 and line == "note: SIGINT came after every rank had finished: the run ended ok (summary " \
+        "in '{}')".format(tmp_path), line
+
+
 def test_default_workers_follow_the_cores_and_the_processes():
     # an accelerator node: each process's share of the cores less its own, 2 to 16
     assert Device.of("npu").default_workers(8, cpus=192) == 16
