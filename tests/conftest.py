@@ -142,7 +142,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(m.args == ("ranks",) for m in item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.ranks)
-        if FAKE_NPU_MISSING and (item.get_closest_marker("fake_npu") or "npu_double" in item.fixturenames):
+        if FAKE_NPU_MISSING and (item.get_closest_marker("fake_npu") or item.get_closest_marker("double") or
+                                 "npu_double" in item.fixturenames):
             item.add_marker(pytest.mark.skip(reason="torch_npu double: " + FAKE_NPU_MISSING))
     if config.getoption("--stack-only"):
         once = [item for item in items if stack_marker(item) == "once"]

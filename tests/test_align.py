@@ -186,9 +186,11 @@ def test_align_compare_lists_the_errors_of_its_verdict_first(runs, tmp_path):
                                         "relative error, largest first:")
     listed = [line.split() for line in proc.stdout.splitlines()[at + 1:at + 5]]
     conv1, conv2 = "Module.layer1.0.conv1.Conv2d.forward.0.", "Module.layer2.0.conv1.Conv2d.forward.0."
-    assert [(w[0], w[-1]) for w in listed] == [
-        ("Module.fc.Linear.forward.0.output.0", "error"), (conv2 + "output.0", "warning"),
-        (conv1 + "input.0", "pass"), (conv1 + "output.0", "pass")], proc.stdout[-3000:]
+    assert [(w[0], w[-1]) for w in listed[:2]] == [
+        ("Module.fc.Linear.forward.0.output.0", "error"), (conv2 + "output.0", "warning")], proc.stdout[-3000:]
+    # the two passes tie (both 100 times off): in msprobe's order, which its releases do not keep alike
+    assert sorted((w[0], w[-1]) for w in listed[2:]) == [(conv1 + "input.0", "pass"), (conv1 + "output.0", "pass")], \
+        proc.stdout[-3000:]
     assert "=> first over msprobe's thresholds in execution order: fc (Module.fc.Linear.forward.0, step 0" in \
         proc.stdout
     assert results_of(proc.stdout) == {str(tmp_path / "compare_dump_vs_target")}

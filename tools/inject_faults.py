@@ -9,7 +9,7 @@ From --seed, N injections are drawn, each: a phase, one or two signals of SIGINT
 drawn short delay after the first), a launcher (``one`` process, or ``spawn``: --multiprocessing-distributed with
 2 ranks of one node) and the data workers (-j). The phases, each drawn once in every round of six:
 
-  start-up      a drawn delay (0-2 s) after the process starts, as a rule before its first log line
+  start-up      a drawn delay (0-2 s) after the process starts, or its first log line where that comes first
   building      once the run's first line ("=> cpu binding") shows, plus a delay: its handlers installed
   step          once the line of step k of epoch e shows, plus a delay
   validation    once a "Test: [" line of epoch e's validation shows, plus a delay
@@ -122,8 +122,8 @@ def epoch_of(lines):
 def reach(child, inj, steps, out, deadline):
     """Waits for the injection's moment: True there, False where the run ended first, None past ``deadline``."""
     phase, epoch = inj["phase"], inj["epoch"]
-    if phase == "start-up":
-        seen = child.read(None, min(deadline, child.started + inj["delay"]))
+    if phase == "start-up":  # the drawn delay, or the first log line where that comes sooner (a fast machine)
+        seen = child.read(lambda line: True, min(deadline, child.started + inj["delay"]))
         return True if seen is None else seen
     if phase == "checkpoint":
         return _in_checkpoint_write(child, inj, out, deadline)
