@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import main as entry
+from tools._faults import waits_in_open
 from trainer.record.observe import LOSSES, read_losses
 
 from conftest import (ONCE, PY, RANKS, ROOT, SMALL, STACK, child_env, finish, read_checkpoint, read_lines, read_metrics,
@@ -212,20 +213,6 @@ def test_a_signal_to_the_whole_process_group_stops_at_a_step_and_resumes_exactly
     stop = read_summary(tmp_path)["stopped"]
     assert stop["signal"] == sig.name and stop["epoch"] == 1, stop
     assert_resumes_exactly(shapes, tmp_path, args, stop, whole)
-
-
-def waits_in_open(pid):
-    """Whether ``pid``'s main thread waits in open(2) for a FIFO's reader (the kernel's wait_for_partner; where
-    /proc/PID/wchan names no function, its syscall is open or openat)."""
-    try:
-        with open("/proc/{}/wchan".format(pid)) as f:
-            wchan = f.read().strip()
-        if wchan not in ("", "0"):
-            return wchan == "wait_for_partner"
-        with open("/proc/{}/syscall".format(pid)) as f:
-            return f.read().split()[0] in ("2", "56", "257")  # open (x86_64), openat (aarch64, x86_64)
-    except (OSError, IndexError):
-        return False
 
 
 def test_a_second_signal_while_the_stop_writes_its_checkpoint_does_not_lose_it(shapes, tmp_path, whole):

@@ -90,7 +90,6 @@ def _worker(plan, section, stop, amp_timer):
         for s in stops.SIGNALS:  # a second signal (or spawn's supervisor passing it on) must not cut the summary short
             signal.signal(s, signal.SIG_IGN)
         if rs is not None and rs.data["status"] == "ok":  # it came after the run had ended: that stays as it was
-            stop.end()
             return 0
         signum = getattr(exc, "signum", signal.SIGINT)
         signame = None if signum == signal.SIGINT else stops.name(signum)
