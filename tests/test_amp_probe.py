@@ -14,6 +14,7 @@ from trainer.precision import amp_probe
 from trainer import run as runmod
 from trainer.config import parse_config
 from trainer.device import Device, torch_load
+from trainer.device import cpu as cpumod
 from trainer.device import host as hostmod
 
 pytestmark = [ONCE, pytest.mark.timeout(300)]
@@ -43,9 +44,10 @@ def train_in_process(argv, capsys, timer):
 
 @pytest.fixture
 def native_bf16(monkeypatch, tmp_path):
-    """A CPU whose flags say native bfloat16 (so auto's rule offers it, and the probe decides); verdicts kept
+    """A CPU and a torch with native bfloat16 (so auto's rule offers it, and the probe decides); verdicts kept
     under tmp_path."""
     monkeypatch.setattr(hostmod, "cpu_native_bf16", lambda: True)
+    monkeypatch.setattr(cpumod, "slow_bf16", lambda: None)  # torch 1.11's own rule (its kernels) aside
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 

@@ -19,7 +19,7 @@ from conftest import (DOUBLE, ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_li
                       read_lines, read_summary, trained)
 from modelzoo import acceptance
 from trainer.job.ranks import SIGNAL_GRACE
-from trainer.device import cpu_native_bf16, torch_load
+from trainer.device import cpu_slow_bf16, torch_load
 
 pytestmark = ONCE
 
@@ -188,7 +188,7 @@ def test_full_8p_two_ranks_tiny_imagenet_layout(tiny_small, tmp_path):
     # O1 on CPU is --amp: where the CPU has native bfloat16, the faster of bfloat16 and float32 as rank 0
     # measured it (both ranks trained in it), float32 (with a note) elsewhere
     assert s["config"]["amp"] is True and s["config"]["opt_level"] == "O1"
-    assert s["amp"]["dtype"] == (s["amp"]["probe"]["choice"] if cpu_native_bf16() else "float32")
+    assert s["amp"]["dtype"] == ("float32" if cpu_slow_bf16() else s["amp"]["probe"]["choice"])
     values = assert_case_log(out, "tiny_cnn_bs8_2p_acc", "tiny_cnn", 2, 8, s)
     assert_final_lines(proc.stdout, values)
 
@@ -214,7 +214,7 @@ def test_performance_1p_recipe_mapping_and_failed_baseline(imagenet_small, tmp_p
     assert cfg["lr"] == pytest.approx(0.75 * 8 / 1536)  # recipe lr scaled to the batch given
     assert s["config"]["amp"] is True and s["config"]["opt_level"] == "O2"  # the recipe's O2 -> --amp
     # on a CPU with native bfloat16 the probe measured which dtype trains (docs/PRECISION.md); elsewhere float32
-    assert s["amp"]["enabled"] is (cpu_native_bf16() and s["amp"]["probe"]["choice"] == "bfloat16")
+    assert s["amp"]["enabled"] is (not cpu_slow_bf16() and s["amp"]["probe"]["choice"] == "bfloat16")
     values = assert_case_log(out, "shufflenet_v2_x1_0_bs8_1p_perf", "shufflenet_v2_x1_0", 1, 8, s)
     assert_final_lines(proc.stdout, values)
     assert "acceptance: FAIL FPS {} vs baseline 1000000.00: needs >= 900000.00 (90% of the baseline)".format(

@@ -71,7 +71,7 @@ class Busy:
 @pytest.fixture(scope="module")
 def uninterrupted(data70, tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted")
-    p = torchrun(["--standalone", "--nproc-per-node", "2"], out, data70)
+    p = torchrun(["--standalone", "--nproc_per_node", "2"], out, data70)
     _, err = finish(p, timeout=300)
     assert p.returncode == 0, err[-3000:]
     return read_summary(out)
@@ -92,7 +92,7 @@ def test_a_torchrun_restart_under_load_comes_up_and_ends_as_an_uninterrupted_run
     first restart comes up (the stale keys of the killed attempt are not read: rendezvous.py), resumes from
     epoch 1's checkpoint (--resume auto, which --max-restarts requires), and ends with the uninterrupted run's
     numbers."""
-    p = torchrun(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"], tmp_path, data70,
+    p = torchrun(["--standalone", "--nproc_per_node", "2", "--max_restarts", "1"], tmp_path, data70,
                  ["--resume", "auto"])
     try:
         read_lines(p, lambda lines: lines[-1].startswith("Epoch: [1]["), timeout=240)
@@ -155,9 +155,9 @@ def test_a_node_leaving_a_torchrun_job_of_nnodes_1_to_2_ends_as_an_uninterrupted
     global batch kept (8 on one device instead of 4 on each of two; the LR as given), and ends with the numbers of
     the uninterrupted run of two ranks."""
     port = free_port()
-    rdzv = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", "127.0.0.1:{}".format(port), "--rdzv-id", "leave",
-            "--rdzv-conf", "last_call_timeout=20,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=120"]
+    rdzv = ["--nnodes", "1:2", "--nproc_per_node", "1", "--max_restarts", "1", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", "127.0.0.1:{}".format(port), "--rdzv_id", "leave",
+            "--rdzv_conf", "last_call_timeout=20,keep_alive_interval=1,keep_alive_max_attempt=3,join_timeout=120"]
     agents = [torchrun(rdzv, tmp_path, data70, ["--resume", "auto"])]
     try:
         _listening(port, 120)  # the first agent hosts the rendezvous (node 0 stays; the leaving node is another)

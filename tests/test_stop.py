@@ -565,7 +565,7 @@ def test_a_signal_to_one_rank_while_the_job_builds_stops_every_rank_before_train
 def test_a_torchrun_worker_stopped_by_sigterm_is_restarted_and_resumes_exactly(shapes, tmp_path, whole_two):
     """SIGTERM to one worker of two under --max-restarts 1: the other learns it at the next print step, both save
     and exit 143, the agent restarts the group, and --resume auto ends as the uninterrupted job."""
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "1",
            os.path.join(ROOT, "main.py"), str(shapes), "--output-dir", str(tmp_path), "--resume", "auto",
            "--dist-timeout", "120", "-j", "0"] + TINY
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,

@@ -16,7 +16,7 @@ from trainer.device.host import cpu_identity, cpu_native_bf16, usable_cpus, user
 from trainer.device.base import Device  # noqa: F401
 from trainer.device.cuda import CudaDevice  # noqa: F401
 from trainer.device.npu import NpuDevice  # noqa: F401
-from trainer.device.cpu import CpuDevice  # noqa: F401
+from trainer.device.cpu import CpuDevice, slow_bf16 as cpu_slow_bf16  # noqa: F401
 
 assert tuple(sorted(Device._kinds)) == tuple(sorted(KINDS)), "trainer/device_names.py's KINDS and the classes differ"
 

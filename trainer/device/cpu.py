@@ -6,6 +6,16 @@ from trainer.device import host, shims
 from trainer.device.base import Device
 
 
+def slow_bf16():
+    """Why bfloat16 autocast runs many times slower than float32 here, None where it need not: a CPU without native
+    bfloat16, or a torch whose CPU kernels do not use it (torch 1.11: ResNet18's step in bfloat16 autocast took about
+    100x float32's on an AVX-512 BF16 CPU; torch 2.1 is the oldest measured fast, docs/PRECISION.md)."""
+    if not host.cpu_native_bf16():
+        return "this CPU has no native bfloat16 (no avx512_bf16 or AMX)"
+    if shims.major_minor(torch.__version__) < (2, 1):
+        return "torch {}'s CPU kernels have no native bfloat16 (torch >= 2.1 has)".format(torch.__version__)
+
+
 class CpuDevice(Device):
     kind = "cpu"
     auto_rank = 2  # always there: the last resort of --device auto
@@ -41,15 +51,16 @@ class CpuDevice(Device):
         return max(1, min(4, share))
 
     def _auto_amp_dtype(self):
-        if host.cpu_native_bf16():
+        why = slow_bf16()
+        if why is None:
             return torch.bfloat16, None
-        return None, ("--amp: this CPU has no native bfloat16 (no avx512_bf16 or AMX), where bfloat16 "
-                      "autocast is many times slower than float32: training in float32 (--amp-dtype "
-                      "bfloat16 forces it)")
+        return None, ("--amp: {}, where bfloat16 autocast is many times slower than float32: training in float32 "
+                      "(--amp-dtype bfloat16 forces it)".format(why))
 
     def _bfloat16_note(self):
-        if not host.cpu_native_bf16():
-            return "--amp-dtype bfloat16: this CPU has no native bfloat16: expect float32 to be several times faster"
+        why = slow_bf16()
+        if why is not None:
+            return "--amp-dtype bfloat16: {}: expect float32 to be several times faster".format(why)
 
     def float16_missing(self):
         if not shims._has_amp_grad_scaler():
