@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# the second lane: torch 2.1.0, the torch of ModelZoo's Ascend stack (requirements-compat.txt)
+# the second lane: torch 2.1.0, the torch of ModelZoo's Ascend stack (requirements-compat.txt), on Python 3.9 (below),
+# a Python of its users (ModelZoo's entries run 3.8 to 3.10)
 VENV_COMPAT  := .venv-torch2.1
 PY_COMPAT    := $(VENV_COMPAT)/bin/python
 STAMP_COMPAT := $(VENV_COMPAT)/.installed
@@ -15,6 +16,19 @@ PY_111    := $(VENV_111)/bin/python
 STAMP_111 := $(VENV_111)/.installed
 PYTHON39  ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.9.*/bin/python) \
                          $(shell command -v python3.9 2>/dev/null))
+# the guides' Python 3.7 (their cp37 wheels), for the same stack's lane there: pyenv's 3.7, else python3.7 on PATH
+VENV_37   := .venv-torch1.11-py37
+PY_37     := $(VENV_37)/bin/python
+STAMP_37  := $(VENV_37)/.installed
+PYTHON37  ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.7.*/bin/python) \
+                         $(shell command -v python3.7 2>/dev/null))
+# $(call venv_on,VENV,TARGET,X.Y,PYTHON): VENV made with PYTHON, a Python X.Y, where it is missing or has another
+# Python; one line naming the way to get one where none is found
+venv_is = -c 'import sys; sys.exit("%d.%d" % sys.version_info[:2] != "$(1)")' 2>/dev/null
+venv_on = @$(1)/bin/python $(call venv_is,$(3)) || { $(if $(4),$(4),false) $(call venv_is,$(3)) || { \
+  echo "error: make $(2) needs Python $(3), and none was found (neither pyenv's \$$(pyenv root)/versions/$(3).*" \
+  "nor python$(3) on PATH): install one (pyenv install $(3)) or name it" \
+  "(make $(2) PYTHON$(subst .,,$(3))=/path/to/python$(3))" >&2; exit 2; }; rm -rf $(1); $(4) -m venv $(1); }
 # pytest-xdist: one test process per core, at most 4 (most tests wait on a child process's start); tests
 # marked conftest.RANKS (jobs of several ranks on localhost ports) all run on one of them
 PYTEST_ARGS := -q -n auto --maxprocesses 4 --dist loadgroup -rs --durations=15 tests
@@ -39,7 +53,7 @@ MORE_TESTS   := -m "(clients or bench or tools or graph or double) and not slurm
 # test-compat holds what every lane of the pinned stack but test-ranks and test-slurm runs
 COMPAT_TESTS := -m "not slurm and not (ranks and not graph and not double)" --stack-only
 
-.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-ranks-compat test-torch1.11 test-ranks-torch1.11 stress soak ci demo lint clean-demo check-device
+.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-ranks-compat test-torch1.11 test-ranks-torch1.11 install-torch1.11-py37 test-torch1.11-py37 stress soak ci demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -54,7 +68,7 @@ $(STAMP): requirements.txt requirements-common.txt pyproject.toml
 install-compat: $(STAMP_COMPAT)
 
 $(STAMP_COMPAT): requirements-compat.txt requirements-common.txt pyproject.toml
-	@test -x $(PY_COMPAT) || $(PYTHON) -m venv $(VENV_COMPAT)
+	$(call venv_on,$(VENV_COMPAT),install-compat,3.9,$(PYTHON39))
 	$(PY_COMPAT) -m pip install -q --disable-pip-version-check -r requirements-compat.txt
 	$(PY_COMPAT) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY_COMPAT) -m pip check
@@ -63,17 +77,26 @@ $(STAMP_COMPAT): requirements-compat.txt requirements-common.txt pyproject.toml
 
 install-torch1.11: $(STAMP_111)
 
-# the venv made with a Python 3.9 (one line naming the way to get one where none is found), then 1.11_requirements.txt
-# as users run it, then what the tests need (requirements-torch1.11-tests.txt)
+# the venv made with a Python 3.9 (venv_on), then 1.11_requirements.txt as users run it, then what the tests need
+# (requirements-torch1.11-tests.txt)
 $(STAMP_111): 1.11_requirements.txt requirements-torch1.11-tests.txt pyproject.toml
-	@test -x $(PY_111) || { $(if $(PYTHON39),$(PYTHON39),false) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' \
-	  2>/dev/null || { echo "error: torch 1.11 needs Python 3.9, and none was found (neither pyenv's" \
-	  "\$$(pyenv root)/versions/3.9.* nor python3.9 on PATH): install one (pyenv install 3.9) or name it" \
-	  "(make install-torch1.11 PYTHON39=/path/to/python3.9)" >&2; exit 2; }; $(PYTHON39) -m venv $(VENV_111); }
+	$(call venv_on,$(VENV_111),install-torch1.11,3.9,$(PYTHON39))
 	$(PY_111) -m pip install -q --disable-pip-version-check -r 1.11_requirements.txt
 	$(PY_111) -m pip install -q --disable-pip-version-check -r requirements-torch1.11-tests.txt
 	$(PY_111) -m pip install -q --disable-pip-version-check --no-deps -e .
 	$(PY_111) -m pip check
+	@touch $@
+
+install-torch1.11-py37: $(STAMP_37)
+
+# the same on Python 3.7: 1.11_requirements.txt as users run it, then the test runners of Python 3.7
+# (requirements-py37-tests.txt)
+$(STAMP_37): 1.11_requirements.txt requirements-py37-tests.txt pyproject.toml
+	$(call venv_on,$(VENV_37),install-torch1.11-py37,3.7,$(PYTHON37))
+	$(PY_37) -m pip install -q --disable-pip-version-check -r 1.11_requirements.txt
+	$(PY_37) -m pip install -q --disable-pip-version-check -r requirements-py37-tests.txt
+	$(PY_37) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY_37) -m pip check
 	@touch $@
 
 # the pinned stack (requirements.txt)
@@ -127,6 +150,12 @@ test-torch1.11: install-torch1.11
 
 test-ranks-torch1.11: install-torch1.11
 	$(PY_111) -m pytest $(RANKS_TESTS) --stack-only $(PYTEST_ARGS)
+
+# torch 1.11.0 on Python 3.7 (1.11_requirements.txt, the guides' cp37 wheels): the tests marked "stack" of both lanes
+# above in one run; besides their skips, the alignment tests skip (msprobe has no Python 3.7 release), and so does the
+# audit-hook count of a checkpoint's reads (Python 3.8)
+test-torch1.11-py37: install-torch1.11-py37
+	$(PY_37) -m pytest -m "not slurm" --stack-only $(PYTEST_ARGS)
 
 # graph mode (--compile): tests/test_graph.py
 test-graph: install

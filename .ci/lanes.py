@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -17,12 +18,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORTS = os.path.join(ROOT, ".ci-reports")
 
 # lint first (seconds), then the README's test command, the pinned stack's other lanes, the real Slurm, and the
-# lanes of the second stack (torch 2.1: only the tests whose outcome can depend on torch, tests/README.md)
-LANES = ("lint", "test", "test-more", "test-ranks", "test-slurm", "test-compat", "test-ranks-compat")
-# The other stacks' installs run in the background from the end of the first lane (lint installs the pinned stack and
-# the system packages every stack shares), beside the pinned stack's lanes; a lane of that stack waits for its install
-# first (its output in .ci-reports/<install>.log, printed where it fails).
-INSTALLS = {"install-compat": ("test-compat", "test-ranks-compat")}
+# lanes of the users' older stacks (torch 2.1, then the guides' torch 1.11, both on Python 3.9, then torch 1.11 on the
+# guides' Python 3.7: only the tests whose outcome can depend on torch, tests/README.md)
+LANES = ("lint", "test", "test-more", "test-ranks", "test-slurm", "test-compat", "test-ranks-compat", "test-torch1.11",
+         "test-ranks-torch1.11", "test-torch1.11-py37")
+# The other stacks' installs run in the background, one after another, from the end of the first lane (lint installs
+# the pinned stack and the system packages every stack shares), beside the pinned stack's lanes; a lane of that stack
+# waits for its install first (its output in .ci-reports/<install>.log, printed where it fails).
+INSTALLS = {"install-compat": ("test-compat", "test-ranks-compat"),
+            "install-torch1.11": ("test-torch1.11", "test-ranks-torch1.11"),
+            "install-torch1.11-py37": ("test-torch1.11-py37",)}
 
 
 def slowest(xml_path, n=5):
@@ -71,22 +76,36 @@ def say(text):
 
 
 class Install:
-    """``make <target>`` in the background, its output in .ci-reports/<target>.log."""
+    """``make <target>`` in the background, once ``after`` (an Install, or None) has ended, its output in
+    .ci-reports/<target>.log: one install at a time beside the lanes."""
 
-    def __init__(self, target):
+    def __init__(self, target, after=None):
         os.makedirs(REPORTS, exist_ok=True)
         self.target, self.log = target, os.path.join(REPORTS, target + ".log")
-        self.t0, self.rc, self.seconds = time.monotonic(), None, None
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(["make", "--no-print-directory", target], cwd=ROOT, stdout=out,
-                                         stderr=subprocess.STDOUT)
+        self.rc, self.seconds, self.reported, self.done = None, None, False, threading.Event()
+        threading.Thread(target=self._run, args=(after,), daemon=True).start()
+
+    def _run(self, after):
+        if after is not None:
+            after.done.wait()
+        t0 = time.monotonic()
+        try:
+            with open(self.log, "w") as out:
+                self.rc = subprocess.call(["make", "--no-print-directory", self.target], cwd=ROOT, stdout=out,
+                                          stderr=subprocess.STDOUT)
+        except OSError as e:
+            self.rc = 127
+            with open(self.log, "a") as out:
+                out.write("{}\n".format(e))
+        self.seconds = time.monotonic() - t0
+        self.done.set()
 
     def wait(self):
         """Its exit code, once it has ended (its log's tail printed where it failed)."""
-        if self.rc is None:
+        if not self.reported:
             waited = time.monotonic()
-            self.rc = self.proc.wait()
-            self.seconds = time.monotonic() - self.t0
+            self.done.wait()
+            self.reported = True
             say("=== {} (in the background): {} in {:.0f} s, {:.0f} s of it waited for".format(
                 self.target, "done" if self.rc == 0 else "FAILED (exit {})".format(self.rc), self.seconds,
                 time.monotonic() - waited))
@@ -100,7 +119,10 @@ def all_lanes(lanes):
     rows, t_all, installs = [], time.monotonic(), {}
     for i, lane in enumerate(lanes):
         if i == 1:  # the first lane has installed the pinned stack and the system packages
-            installs = {target: Install(target) for target, served in INSTALLS.items() if set(served) & set(lanes[1:])}
+            installs, last = {}, None
+            for target, served in INSTALLS.items():
+                if set(served) & set(lanes[1:]):
+                    installs[target] = last = Install(target, after=last)
         say("=== {} ===".format(lane))
         needs = [installs[target] for target, served in INSTALLS.items() if lane in served and target in installs]
         if any(install.wait() for install in needs):

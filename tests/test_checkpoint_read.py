@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -53,6 +54,7 @@ def _opens(path, args):
     return json.loads(line[-1][6:])
 
 
+@pytest.mark.skipif(sys.version_info < (3, 8), reason="counts opens with an audit hook (sys.addaudithook: Python 3.8)")
 def test_resuming_reads_the_checkpoint_from_disk_once(shapes, tmp_path):
     out = str(tmp_path / "run")
     args = [shapes, "-a", "resnet18", "--device", "cpu", "-b", "16", "--max-steps-per-epoch", "2"] + SMALL

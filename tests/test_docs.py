@@ -25,7 +25,7 @@ DRIVERS = {"train_full_1p.sh": ("full", "1p"), "train_full_8p.sh": ("full", "8p"
 SOURCE_DIRS = ("trainer/", "tools/", "modelzoo/", "models/", "tests/", "docs/", "examples/", "bench/", "baselines/")
 TOP_FILES = ("main.py", "env_npu.sh", "Makefile", "README.md", "pyproject.toml", "requirements.txt",
              "requirements-compat.txt", "requirements-common.txt", "1.11_requirements.txt",
-             "requirements-torch1.11-tests.txt", "8p_main_med.py")
+             "requirements-torch1.11-tests.txt", "requirements-py37-tests.txt", "8p_main_med.py")
 # flags of commands that are not this project's, named in the docs beside its own (pip, pytest, Slurm, shell tools)
 OTHER_FLAGS = {"--no-deps", "--index-url", "--extra-index-url", "--upgrade", "--user", "--force-reinstall",  # pip
                "--nproc-per-node",  # torchrun's own spelling of --nproc_per_node
@@ -192,12 +192,37 @@ def named_paths(text):
     return out
 
 
+def _module_basenames():
+    """{basename: [dotted paths]} of the project's modules (align: trainer.align, tools.align)."""
+    paths = {}
+    for pkg in ("trainer", "tools", "modelzoo", "models"):
+        for path in sorted(glob.glob(os.path.join(ROOT, pkg, "**", "*.py"), recursive=True)):
+            dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+            dotted = dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted
+            paths.setdefault(dotted.rsplit(".", 1)[-1], []).append(dotted)
+    return paths
+
+
+FILE_TAILS = ("py", "md", "sh", "json", "jsonl", "csv", "txt", "log", "lock", "tar", "toml", "yaml", "png", "pth")
+
+
 def named_modules(text):
     """Modules the text runs (`python3 -m X`) or names by dotted path (trainer.x.y, tools.x, modelzoo.x)."""
     out = set(re.findall(r"python3? -m ((?:tools|modelzoo|trainer)(?:\.[a-z_0-9]+)+)", text))
     for token in _backticked(text):
         if re.fullmatch(r"(?:trainer|tools|modelzoo|models)(?:\.[A-Za-z_0-9]+)+", token):
             out.add(token)
+    return out
+
+
+def named_by_short_name(text):
+    """{`module.name`: [the dotted paths it can be]} of what the text names by a module's short name
+    (`align.check_flags(ns, explicit)`: trainer.align.check_flags or tools.align.check_flags), as DESIGN.md does."""
+    short, out = _module_basenames(), {}
+    for token in _backticked(text):
+        m = re.fullmatch(r"([a-z_0-9]+)\.([A-Za-z_][A-Za-z_0-9]*)(?:\(.*\))?", token)
+        if m and m.group(1) in short and m.group(2) not in FILE_TAILS:
+            out["{}.{}".format(*m.groups())] = ["{}.{}".format(mod, m.group(2)) for mod in short[m.group(1)]]
     return out
 
 
@@ -252,11 +277,14 @@ def named_flags(text):
     return {m.split("=")[0] for m in re.findall(r"(?<![\w-])--[a-z][a-z0-9_-]*(?:=\S*)?", text)}
 
 
-def problems(text, known_flags):
-    """What a docs text names that the code does not have: files, modules, flags."""
+def problems(text, known_flags, short_names=False):
+    """What a docs text names that the code does not have: files, modules (and functions, classes), flags."""
     out = ["file {} does not exist".format(p) for p in sorted(named_paths(text))
            if not os.path.exists(os.path.join(ROOT, p))]
     out += ["module {} does not exist".format(m) for m in sorted(named_modules(text)) if not _resolves(m)]
+    if short_names:
+        out += ["{} is in none of {}".format(name, ", ".join(m.rsplit(".", 1)[0] for m in paths))
+                for name, paths in sorted(named_by_short_name(text).items()) if not any(map(_resolves, paths))]
     out += ["flag {} is no flag of main.py, the drivers, the tools or torchrun".format(f)
             for f in sorted(named_flags(text)) if f not in known_flags and f not in OTHER_FLAGS]
     return out
@@ -267,7 +295,8 @@ def test_every_file_module_and_flag_the_docs_name_exists():
     bad = []
     for path in doc_files():
         with open(path) as f:
-            bad += ["{}: {}".format(os.path.relpath(path, ROOT), p) for p in problems(f.read(), known)]
+            bad += ["{}: {}".format(os.path.relpath(path, ROOT), p)
+                    for p in problems(f.read(), known, short_names=path.endswith("DESIGN.md"))]
     assert not bad, "\n".join(bad)
 
 
@@ -297,7 +326,8 @@ def test_every_docs_page_is_reachable_from_the_readme():
 
 
 def test_the_checks_fail_on_a_renamed_flag_and_a_moved_file(shapes, tmp_path):
-    """The checker itself: a page that names a flag main.py no longer has and a file that moved is reported."""
+    """The checker itself: a page that names a flag main.py no longer has, a file that moved and (DESIGN.md) a
+    function by its module's short name that is gone is reported."""
     page = ("Run `python3 main.py DIR --amp-old` (see `trainer/launch.py`, `trainer.job.ranks.spawn`).\n\n"
             "```bash\npython3 main.py /data/imagenet -a resnet18 --amp-old --device cpu\n"
             "bash test/train_full_1p.sh --data_path=/data/imagenet --arch=resnet18 --not_a_key=1\n```\n")
@@ -305,5 +335,7 @@ def test_the_checks_fail_on_a_renamed_flag_and_a_moved_file(shapes, tmp_path):
     assert "file trainer/launch.py does not exist" in found, found  # moved to trainer/job/launch.py
     assert any(p.startswith("flag --amp-old ") for p in found) and any("--not_a_key" in p for p in found), found
     assert not any("trainer.job.ranks.spawn" in p for p in found), found  # it exists
+    design = "`align.RunFields` holds them; `align.check_flags(ns, explicit)` checks them; see `metrics.jsonl`."
+    assert problems(design, set(), short_names=True) == ["align.RunFields is in none of trainer.align, tools.align"]
     results = plan_commands(commands(page), shapes, tmp_path)
     assert "unrecognized arguments: --amp-old" in results[0] and "--not_a_key" in results[1], results

@@ -20,7 +20,8 @@ LONG = ["-a", "tiny_cnn", "--epochs", "100", "-b", "4", "--lr", "0.1", "--seed",
 
 # A user's own training script: main.py's main(), with every forward pass counted on the store of the user's
 # dashboard (host:port, its first argument). Once the dashboard is gone, torch's store raises "Broken pipe" (or
-# "Connection reset by peer"). The world size -1 (unknown) is the form every torch from 1.11 on takes (1.11 refuses None).
+# "Connection reset by peer"). The world size -1 (unknown) is the form every torch from 1.11 on takes (1.11
+# refuses None).
 USER_SCRIPT = textwrap.dedent("""\
     import datetime
     import sys

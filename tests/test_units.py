@@ -521,3 +521,16 @@ def test_host_memory_left_alone_off_cpu_or_when_the_user_chose(kind, environ, ex
     r = _heap_probe(kind, environ)
     assert r["what"].startswith(expect)
     assert r["mmapped_during"] >= 2 ** 26  # glibc's default: a block this large is mmapped
+
+
+@ONCE
+def test_a_packages_version_is_read_from_its_dist_info_where_importlib_metadata_is_missing(tmp_path):
+    """Python 3.7 (the guides' stack) has no importlib.metadata: the version comes from the METADATA of the
+    package's dist-info on the path, without importing the package (importing torchvision takes seconds)."""
+    from trainer.device import shims
+    info = tmp_path / "torchvision-0.12.0+cu102.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.12.0+cu102\n\nVersion: 9\n")
+    assert shims._dist_info_version("torchvision", [str(tmp_path)]) == "0.12.0+cu102"
+    assert shims._dist_info_version("torch_npu", [str(tmp_path)]) is None
+    assert shims._dist_info_version("torchvision", [str(tmp_path / "missing")]) is None

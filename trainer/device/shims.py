@@ -1,6 +1,7 @@
 """Guards for torch and torchvision APIs newer than torch 1.11 (the Ascend stack), each with its fallback, and
 the versions a run records."""
 import contextlib
+import glob
 import importlib
 import inspect
 import io
@@ -180,11 +181,32 @@ def _torchvision_version():
         return (0, 0)
 
 
+def _dist_info_version(dist, paths=None):
+    """A package's version from the METADATA of its ``dist``-*.dist-info on sys.path (Python 3.7 has no
+    importlib.metadata), None where there is none."""
+    for folder in sys.path if paths is None else paths:
+        for info in sorted(glob.glob(os.path.join(folder or ".", "{}-*.dist-info".format(dist)))):
+            try:
+                with open(os.path.join(info, "METADATA"), encoding="utf-8") as f:
+                    for line in f:
+                        if line.startswith("Version:"):
+                            return line.split(":", 1)[1].strip()
+                        if not line.strip():
+                            break
+            except OSError:
+                continue
+    return None
+
+
 def _installed_version(dist, module):
     """A package's version from its metadata (importing torchvision takes seconds), else its module's, else None."""
     try:
-        from importlib import metadata  # novermin (3.8; Python 3.7 takes the module's __version__ below)
+        from importlib import metadata  # novermin (3.8; Python 3.7 reads the dist-info itself)
         return metadata.version(dist)
+    except ImportError:
+        found = _dist_info_version(dist)
+        if found is not None:
+            return found
     except Exception:
         pass
     try:
