@@ -9,7 +9,7 @@ from trainer.device.base import Device
 def slow_bf16():
     """Why bfloat16 autocast runs many times slower than float32 here, None where it need not: a CPU without native
     bfloat16, or a torch whose CPU kernels do not use it (torch 1.11: ResNet18's step in bfloat16 autocast took about
-    100x float32's on an AVX-512 BF16 CPU; torch 2.1 is the oldest measured fast, docs/PRECISION.md)."""
+    115x float32's on an AVX-512 BF16 CPU; torch 2.1 is the oldest measured fast, docs/PRECISION.md)."""
     if not host.cpu_native_bf16():
         return "this CPU has no native bfloat16 (no avx512_bf16 or AMX)"
     if shims.major_minor(torch.__version__) < (2, 1):
