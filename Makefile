@@ -46,14 +46,16 @@ CLIENT_TESTS := -m "clients and not graph and not ranks and not slurm and not do
 BENCH_TESTS  := -m "bench and not graph and not ranks and not slurm and not double"
 # the porting tools' runs (marker "tools"): the device battery, ONNX export, op inventory, precision comparison
 TOOLS_TESTS  := -m "tools and not graph and not ranks and not slurm and not double"
-# CI's second lane of the pinned stack: what test-clients, test-bench, test-tools, test-graph and test-npu run, in one
-# pytest run (one start, and the cores kept busy to its end)
-MORE_TESTS   := -m "(clients or bench or tools or graph or double) and not slurm and not (ranks and not graph and not double)"
-# the other stacks' lanes run only the tests whose outcome can depend on torch (marker "stack", tests/README.md):
-# test-compat holds what every lane of the pinned stack but test-ranks and test-slurm runs
-COMPAT_TESTS := -m "not slurm and not (ranks and not graph and not double)" --stack-only
+# CI's second lane of the pinned stack: everything of it but make test's and Slurm's (what test-clients, test-bench,
+# test-tools, test-graph, test-npu and test-ranks run), in one pytest run (one start, the cores kept busy to its end)
+MORE_TESTS   := -m "not slurm and (graph or ranks or double or clients or bench or tools)"
+# the other stacks' lanes run only the tests whose outcome can depend on torch (marker "stack", tests/README.md),
+# every one of them but Slurm's, in one pytest run
+STACK_TESTS  := -m "not slurm" --stack-only
+# a stack's second Python: the ways a user runs the trainer (marker "ways", a few stack tests), trained end to end
+WAYS_TESTS   := -m "ways and not slurm"
 
-.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-ranks-compat test-torch1.11 test-ranks-torch1.11 install-torch1.11-py37 test-torch1.11-py37 stress soak ci demo lint clean-demo check-device
+.PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-torch1.11 install-torch1.11-py37 test-torch1.11-py37 stress soak ci demo lint clean-demo check-device
 
 install: $(STAMP)
 
@@ -115,7 +117,8 @@ test-bench: install
 test-tools: install
 	$(PY) -m pytest $(TOOLS_TESTS) $(PYTEST_ARGS)
 
-# CI's: test-clients, test-bench, test-tools, test-graph and test-npu in one pytest run
+# CI's second lane: the rest of the pinned stack but Slurm's (test-clients, test-bench, test-tools, test-graph,
+# test-npu and test-ranks) in one pytest run
 test-more: install
 	$(PY) -m pytest $(MORE_TESTS) $(PYTEST_ARGS)
 
@@ -134,28 +137,22 @@ test-slurm: install
 	. "$${SLURM_LOCAL_STATE:-/tmp/slurm-local}/env" && $(PY) -m pytest -m slurm -q -rs --durations=5 tests/test_slurm.py \
 	  tests/test_slurm_local.py; rc=$$?; ./tools/slurm_local.sh stop; exit $$rc
 
-# torch 2.1.0 (requirements-compat.txt): the tests marked "stack" of every lane but Slurm's, in two lanes (the ranks'
-# jobs apart); a test that needs a newer torch skips with its reason (-rs lists them)
+# torch 2.1.0 on Python 3.9 (requirements-compat.txt): every test marked "stack" but Slurm's, in one lane; a test that
+# needs a newer torch skips with its reason (-rs lists them)
 test-compat: install-compat
-	$(PY_COMPAT) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+	$(PY_COMPAT) -m pytest $(STACK_TESTS) $(PYTEST_ARGS)
 
-test-ranks-compat: install-compat
-	$(PY_COMPAT) -m pytest $(RANKS_TESTS) --stack-only $(PYTEST_ARGS)
-
-# torch 1.11.0 on Python 3.9 (1.11_requirements.txt): the tests marked "stack" of make test-compat's and
-# test-ranks-compat's selections; a test of what 1.11 cannot do skips with its reason (-rs lists them): the torch_npu
-# double (marker "fake_npu": no PrivateUse1 before torch 2.1), float16 autocast on a CPU, torch.compile
+# torch 1.11.0 on Python 3.9 (1.11_requirements.txt, as its users install it): the ways a user runs the trainer
+# (marker "ways"), trained end to end; torch 1.11 itself is proven on Python 3.7 below, where every stack test runs
 test-torch1.11: install-torch1.11
-	$(PY_111) -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+	$(PY_111) -m pytest $(WAYS_TESTS) $(PYTEST_ARGS)
 
-test-ranks-torch1.11: install-torch1.11
-	$(PY_111) -m pytest $(RANKS_TESTS) --stack-only $(PYTEST_ARGS)
-
-# torch 1.11.0 on Python 3.7 (1.11_requirements.txt, the guides' cp37 wheels): the tests marked "stack" of both lanes
-# above in one run; besides their skips, the alignment tests skip (msprobe has no Python 3.7 release), and so does the
-# audit-hook count of a checkpoint's reads (Python 3.8)
+# torch 1.11.0 on Python 3.7 (1.11_requirements.txt, the guides' cp37 wheels): every test marked "stack" but Slurm's;
+# a test of what 1.11 cannot do skips with its reason (-rs lists them): the torch_npu double (marker "fake_npu": no
+# PrivateUse1 before torch 2.1), float16 autocast on a CPU, torch.compile; the alignment tests skip as well (msprobe
+# has no Python 3.7 release), and so does the audit-hook count of a checkpoint's reads (Python 3.8)
 test-torch1.11-py37: install-torch1.11-py37
-	$(PY_37) -m pytest -m "not slurm" --stack-only $(PYTEST_ARGS)
+	$(PY_37) -m pytest $(STACK_TESTS) $(PYTEST_ARGS)
 
 # graph mode (--compile): tests/test_graph.py
 test-graph: install

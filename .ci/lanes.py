@@ -1,7 +1,8 @@
 """The CI lanes, in order, each timed: ``python3 .ci/lanes.py`` runs them all (``.ci/run``) and prints, after each
 lane, its wall time and its five slowest tests, then a table of every lane; ``python3 .ci/lanes.py stress TARGET N``
-repeats a lane (``test-ranks``) or a test (``tests/test_stop.py::test_x``, on the pinned stack) N times and counts
-the outcomes (``make stress LANE=... N=...``, ``make stress TEST=... N=...``).
+repeats a lane (``test-more``, or any test-* target of the Makefile: ``test-ranks``) or a test
+(``tests/test_stop.py::test_x``, on the pinned stack) N times and counts the outcomes (``make stress LANE=... N=...``,
+``make stress TEST=... N=...``).
 
 Standard library only: it runs under the machine's own Python before any lane has installed anything.
 """
@@ -17,17 +18,17 @@ import xml.etree.ElementTree as ET
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPORTS = os.path.join(ROOT, ".ci-reports")
 
-# lint first (seconds), then the README's test command, the pinned stack's other lanes, the real Slurm, and the
-# lanes of the users' older stacks (torch 2.1, then the guides' torch 1.11, both on Python 3.9, then torch 1.11 on the
-# guides' Python 3.7: only the tests whose outcome can depend on torch, tests/README.md)
-LANES = ("lint", "test", "test-more", "test-ranks", "test-slurm", "test-compat", "test-ranks-compat", "test-torch1.11",
-         "test-ranks-torch1.11", "test-torch1.11-py37")
+# lint first (seconds; it installs the pinned stack), then the README's test command, the rest of the pinned stack in
+# one lane, the real Slurm, and the lanes of the users' older stacks (tests/README.md): torch 2.1 on Python 3.9 and
+# torch 1.11 on the guides' Python 3.7, each every test whose outcome can depend on torch, and torch 1.11 on Python 3.9,
+# the ways a user runs the trainer
+LANES = ("lint", "test", "test-more", "test-slurm", "test-compat", "test-torch1.11-py37", "test-torch1.11")
 # The other stacks' installs run in the background, one after another, from the end of the first lane (lint installs
 # the pinned stack and the system packages every stack shares), beside the pinned stack's lanes; a lane of that stack
 # waits for its install first (its output in .ci-reports/<install>.log, printed where it fails).
-INSTALLS = {"install-compat": ("test-compat", "test-ranks-compat"),
-            "install-torch1.11": ("test-torch1.11", "test-ranks-torch1.11"),
-            "install-torch1.11-py37": ("test-torch1.11-py37",)}
+INSTALLS = {"install-compat": ("test-compat",),
+            "install-torch1.11-py37": ("test-torch1.11-py37",),
+            "install-torch1.11": ("test-torch1.11",)}
 
 
 def slowest(xml_path, n=5):

@@ -118,6 +118,10 @@ def npu_double():
 # errors, records, docs, shell drivers' parsing): the pinned stack's lanes run it, the other stacks' skip it.
 STACK = pytest.mark.stack
 ONCE = pytest.mark.once
+# WAYS (with STACK): one of the ways a user runs the trainer, trained end to end: one process trains, resumes and runs
+# --amp; spawn, torchrun, the shell loops of the guides and ModelZoo, a ModelZoo driver, the guide's launch command.
+# A stack's second Python runs these (make test-torch1.11: torch 1.11 on Python 3.9), its first every STACK test.
+WAYS = pytest.mark.ways
 
 
 def stack_marker(item):
@@ -139,6 +143,11 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("{} declare(s) neither conftest.STACK nor conftest.ONCE: add one to the module's "
                                 "pytestmark (tests/README.md, \"One stack or every stack\")".format(
                                     ", ".join(undeclared)))
+    ways_once = sorted(item.nodeid for item in items
+                       if item.get_closest_marker("ways") and stack_marker(item) != "stack")
+    if ways_once:
+        raise pytest.UsageError("{}: marked ways but not stack: a way to run trains on every stack, so it is "
+                                "conftest.STACK as well".format(", ".join(ways_once)))
     for item in items:
         if any(m.args == ("ranks",) for m in item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.ranks)

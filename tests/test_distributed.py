@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import (PY, RANKS, ROOT, SMALL, STACK, assert_one_line, assert_one_line_error, free_port, gone,
+from conftest import (PY, RANKS, ROOT, SMALL, STACK, WAYS, assert_one_line, assert_one_line_error, free_port, gone,
                       read_lines, read_summary, run_main)
 from trainer.device import torch_load
 
@@ -45,6 +45,7 @@ def assert_same_as_single(out, single):
     assert any(not torch.equal(a[k], torch.zeros_like(a[k])) for k in a)
 
 
+@WAYS
 def test_spawn_two_processes_match_one(data70, single, tmp_path):
     proc = run_main([data70, "--output-dir", str(tmp_path), "--multiprocessing-distributed",
                      "--device-list", "0,1", "--port", "0"] + STEP)
@@ -53,6 +54,7 @@ def test_spawn_two_processes_match_one(data70, single, tmp_path):
     assert "batch 4 per device, 8 global" in proc.stdout
 
 
+@WAYS
 def test_torchrun_two_processes_match_one(data70, single, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -62,6 +64,7 @@ def test_torchrun_two_processes_match_one(data70, single, tmp_path):
     assert_same_as_single(tmp_path, single)
 
 
+@WAYS
 def test_shell_loop_two_processes_match_one(data70, single, tmp_path):
     port = str(free_port())
     procs = []
@@ -96,6 +99,7 @@ def _loop(data70, tmp_path, per_rank_env, per_rank_args, shared_env):
     return outs
 
 
+@WAYS
 def test_910b_guide_train_sh_loop_is_one_job(data70, single, tmp_path):
     """seed 003's train.sh: MASTER_ADDR, MASTER_PORT, WORLD_SIZE=2 exported; LOCAL_RANK=$i and --local_rank=$i
     per process; no RANK. One job of two ranks, every validation image counted once."""

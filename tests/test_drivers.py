@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import (DOUBLE, ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, dataset, finish, gone,
+from conftest import (DOUBLE, ONCE, PY, RANKS, ROOT, SMALL, STACK, WAYS, assert_one_line_error, dataset, finish, gone,
                       read_lines, read_summary, trained)
 from modelzoo import acceptance
 from trainer.job.ranks import SIGNAL_GRACE
@@ -771,6 +771,7 @@ def test_the_modules_run_from_the_repository_root_without_the_project_installed(
 
 @STACK
 @RANKS
+@WAYS
 def test_driver_and_main_recipe_resolve_alike_and_train_the_same_weights(imagenet_small, tmp_path):
     """train_full_8p.sh --rank_size=2 and main.py --recipe ..._8p on 2 spawned processes: one rule adapts the
     recipe (here: an explicit batch of 8 scales the recipe's lr and warm-up), and the two runs are one run."""

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, assert_one_line_error, read_summary, run_main
+from conftest import ONCE, PY, RANKS, ROOT, SMALL, STACK, WAYS, assert_one_line_error, read_summary, run_main
 from trainer.device import torch_load
 from trainer import config
 from trainer.plan import plan
@@ -77,6 +77,7 @@ def test_another_devices_backend_is_replaced_by_this_devices_own_with_a_note():
 
 @STACK
 @RANKS
+@WAYS
 def test_the_guides_launch_py_command_with_hccl_trains_on_cpu(tmp_path):
     """000 "Python命令启动方式": python3 -m torch.distributed.launch --nproc_per_node N main.py DIR
     --multiprocessing-distributed ... --dist-backend 'hccl', here on 2 CPU processes."""

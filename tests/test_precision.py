@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from conftest import ONCE, RANKS, SMALL, STACK, assert_one_line_error, needs_cpu_float16, read_summary, run_main
+from conftest import (ONCE, RANKS, SMALL, STACK, WAYS, assert_one_line_error, needs_cpu_float16, read_summary,
+                      run_main)
 from trainer.precision import amp as ampmod
 from trainer import device as devmod
 from trainer.device import Device
@@ -215,6 +216,7 @@ def test_cpu_bf16_probe_reads_cpuinfo_when_torch_has_no_probe(monkeypatch, tmp_p
     assert hostmod.cpu_native_bf16() is True
 
 
+@WAYS
 def test_amp_on_this_cpu_is_never_a_slow_bf16_run(shapes, tmp_path):
     proc = run_main([shapes, "--epochs", "1", "--amp", "--max-steps-per-epoch", "2", "--output-dir",
                      str(tmp_path), "-a", "tiny_cnn", "-b", "8"] + SMALL)

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ONCE, PY, ROOT, SMALL, STACK, child_env, finish, read_lines, read_summary, run_main
+from conftest import ONCE, PY, ROOT, SMALL, STACK, WAYS, child_env, finish, read_lines, read_summary, run_main
 from trainer.device import torch_load
 from tools.make_dataset import generate
 
@@ -40,6 +40,7 @@ def epoch_losses(stdout):
     return last
 
 
+@WAYS
 def test_two_epochs_learn_far_above_chance(full_run):
     out, proc = full_run
     s = read_summary(out)
@@ -60,6 +61,7 @@ def test_two_epochs_learn_far_above_chance(full_run):
         assert key in ck
 
 
+@WAYS
 def test_resume_from_epoch_one_matches_uninterrupted_run(learnable, full_run, tmp_path):
     out_full, proc_full = full_run
     first = run_main([learnable, "--epochs", "1", "--output-dir", str(tmp_path)] + TRAIN)
