@@ -1,21 +1,23 @@
 """The stop path under seeded fault injection (tools/inject_faults.py): 24 injections of stop signals (one or two
-of SIGINT, SIGTERM, SIGUSR1) into one-process runs at drawn moments of every phase (start-up, building, a step,
-validation, a checkpoint's write, an epoch's end; -j 0 and -j 2), each resumed with --resume auto and compared with
-the run that was not stopped: every outcome exact (the exit code, every step's loss, every validation, Acc@1, the
-weights, no step trained twice, no lock or process left, no hang). ``make soak`` draws more."""
+of SIGINT, SIGTERM, SIGUSR1) into one-process runs, and 6 into jobs of 2 ranks (spawn, torchrun), at drawn moments of
+every phase (start-up, building, a step, validation, a checkpoint's write, an epoch's end; -j 0 and -j 2), each
+resumed with --resume auto and compared with the run that was not stopped: every outcome exact (the exit code, every
+step's loss, every validation, Acc@1, the weights, no step trained twice, no lock or process left, no hang).
+``make soak`` draws more."""
 import json
 import os
 import subprocess
 
 import pytest
 
-from conftest import ONCE, PY, ROOT, STACK, assert_one_line_error, dataset
+from conftest import ONCE, PY, RANKS, ROOT, STACK, assert_one_line_error, dataset
 from tools import inject_faults
 
 # a stop signal to a real run, resumed: as tests/test_stop.py, what clusters do (make test-clients)
 pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(900)]
 
 SEED, COUNT = 55, 24
+RANKS_SEED, RANKS_COUNT = 4, 6  # one of each phase; both launchers, all three signals, two pairs, mostly in epoch 0
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +41,28 @@ def test_seeded_stop_signals_in_every_phase_resume_exactly(faults_data, tmp_path
     assert not bad and code == 0, "\n".join(bad + printed.strip().splitlines()[-9:])
 
 
+@RANKS
+def test_seeded_stop_signals_to_spawned_ranks_and_torchrun_workers_resume_exactly(faults_data, tmp_path, capsys):
+    """Six injections, one in each phase, into jobs of 2 ranks: spawn's (a signal to its parent, as Ctrl-C and
+    Kubernetes send it) and torchrun's (to the agent and every process it started, as Slurm sends it); the
+    agent's own exit (1 at its SignalException, killed by SIGUSR1) is allowed, the ranks' must resume exactly."""
+    out = tmp_path / "faults.json"
+    code = inject_faults.main(["--work-dir", str(tmp_path), "--data", str(faults_data), "--seed", str(RANKS_SEED),
+                               "-n", str(RANKS_COUNT), "--launchers", "spawn", "torchrun", "--workers", "0",
+                               "--jobs", "2", "--json", str(out)])
+    printed = capsys.readouterr().out
+    with open(str(out)) as f:
+        records = json.load(f)["injections"]
+    assert {r["phase"] for r in records} == set(inject_faults.PHASES), printed
+    assert {r["launcher"] for r in records} == {"spawn", "torchrun"}, printed
+    assert {s for r in records for s in r["signals"]} == set(inject_faults.SIGNALS), printed
+    bad = [line for line in printed.splitlines() if line.startswith("#") and "  exact  " not in line]
+    assert not bad and code == 0, "\n".join(bad + printed.strip().splitlines()[-9:])
+
+
 @ONCE
 @pytest.mark.parametrize("args, fragment", [(["-n", "0"], "-n/--count"), (["--data", "missing"], "--data 'missing'"),
-                                            (["--launchers", "torchrun"], "--launchers")])
+                                            (["--launchers", "srun"], "--launchers")])
 def test_bad_input_is_one_line(tmp_path, args, fragment):
     proc = subprocess.run([PY, "-m", "tools.inject_faults", "--work-dir", str(tmp_path / "w")] + args, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

@@ -1,6 +1,8 @@
-"""The processes of tools/inject_faults.py: main.py in a session of its own, its log read line by line as it comes
-(every wait bounded), the session's processes from /proc (what a hang leaves, what a run left behind), and the
-FIFO wait that holds a checkpoint's write."""
+"""The processes of tools/inject_faults.py: main.py (or its launcher) in a session of its own, its log read line by
+line as it comes (every wait bounded), the run's processes from /proc (what a hang leaves, what a run left behind),
+and the FIFO wait that holds a checkpoint's write. A run's processes are those whose environment holds its tag
+(``TAG``): they inherit it wherever they go, into sessions of their own (torchrun's workers) and to another parent
+(a worker whose agent died)."""
 import os
 import select
 import signal
@@ -9,6 +11,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_DROPPED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TAG = "INJECT_FAULTS_RUN"
 
 
 def child_env(threads):
@@ -19,17 +22,18 @@ def child_env(threads):
     return env
 
 
-def session(pgid):
-    """[(pid, state, wchan, command)] of the processes still in the session ``pgid`` (zombies included)."""
-    out = []
+def tagged(tag):
+    """[(pid, state, wchan, command)] of the processes whose environment holds ``TAG=tag`` (zombies included)."""
+    mark, out = "{}={}".format(TAG, tag).encode(), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            with open("/proc/{}/environ".format(entry), "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
             with open("/proc/{}/stat".format(entry)) as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
             with open("/proc/{}/wchan".format(entry)) as f:
                 wchan = f.read().strip()
             with open("/proc/{}/cmdline".format(entry), "rb") as f:
@@ -41,14 +45,20 @@ def session(pgid):
 
 
 class Child:
-    """main.py in a session of its own: its stdout read line by line as it comes, its stderr into a file."""
+    """main.py (or its launcher) in a session of its own, tagged: its stdout read line by line as it comes, its
+    stderr into a file."""
 
     def __init__(self, cmd, err_path, env):
         self.err_path, self.lines, self._pending, self._buf, self.eof = err_path, [], [], b"", False
+        self.tag = "{}-{}".format(os.getpid(), os.path.abspath(err_path))
         with open(err_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
+                                         env=dict(env, **{TAG: self.tag}), start_new_session=True)
         self.started = time.monotonic()
+
+    def processes(self):
+        """The run's processes still there (its tag's)."""
+        return tagged(self.tag)
 
     def read(self, until, deadline):
         """Lines until ``until(line)`` holds for one (True), the output ends (False) or ``deadline`` (None)."""
@@ -74,7 +84,7 @@ class Child:
             self._pending = [raw.decode("utf-8", "replace") for raw in parts]
 
     def finish(self, deadline):
-        """Its output to the end and its exit code, or None past ``deadline``: then the session's processes are
+        """Its output to the end and its exit code, or None past ``deadline``: then the run's processes are
         described (``hung``), made to print their Python stacks (SIGABRT) and killed."""
         done = self.read(None, deadline) is False
         try:
@@ -82,35 +92,37 @@ class Child:
         except subprocess.TimeoutExpired:
             code = None
         if code is None:
-            self.hung = session(self.proc.pid)
-            self.kill_session(signal.SIGABRT)
+            self.hung = self.processes()
+            self.kill_all(signal.SIGABRT)
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 pass
-            self.kill_session(signal.SIGKILL)
+            self.kill_all(signal.SIGKILL)
             self.proc.wait()
         self.proc.stdout.close()
         with open(self.err_path[:-len(".err")] + ".log", "w") as f:  # its stdout beside its stderr
             f.write("".join(line + "\n" for line in self.lines))
         return code
 
-    def kill_session(self, sig):
-        try:
-            os.killpg(self.proc.pid, sig)
-        except OSError:
-            pass
+    def kill_all(self, sig):
+        """``sig`` to every process of the run (as Slurm signals every process of a job step)."""
+        for pid in [p[0] for p in self.processes() if p[1] != "Z"]:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
     def left(self, within=30.0):
-        """The processes left in its session once it ended (waited for up to ``within`` s), then killed."""
+        """The processes of the run left once it ended (waited for up to ``within`` s), then killed."""
         deadline = time.monotonic() + within
         while True:
-            rest = [p for p in session(self.proc.pid) if p[1] != "Z"]
+            rest = [p for p in self.processes() if p[1] != "Z"]
             if not rest or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         if rest:
-            self.kill_session(signal.SIGKILL)
+            self.kill_all(signal.SIGKILL)
         return rest
 
     def stderr_tail(self, n=5):

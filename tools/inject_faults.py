@@ -2,12 +2,14 @@
 """Seeded fault injection on a run's stop path (trainer/job/stop.py): stop signals at drawn moments of real runs,
 then ``--resume auto``, each compared with the run that was not stopped.
 
-    python3 -m tools.inject_faults --work-dir DIR [--data DIR] [--seed 0] [-n 24] [--launchers one [spawn]]
+    python3 -m tools.inject_faults --work-dir DIR [--data DIR] [--seed 0] [-n 24] [--launchers one [spawn] [torchrun]]
                                    [--workers 0 2] [--jobs 1] [--timeout 240] [--json FILE]
 
 From --seed, N injections are drawn, each: a phase, one or two signals of SIGINT, SIGTERM and SIGUSR1 (the second a
-drawn short delay after the first), a launcher (``one`` process, or ``spawn``: --multiprocessing-distributed with
-2 ranks of one node) and the data workers (-j). The phases, each drawn once in every round of six:
+drawn short delay after the first), a launcher (``one`` process; ``spawn``: --multiprocessing-distributed with 2 ranks
+of one node; ``torchrun``: its 2 workers of one node, each signal sent to the agent and every process it started, as
+Slurm signals every process of a job step) and the data workers (-j). The phases, each drawn once in every
+round of six:
 
   start-up      a drawn delay (0-2 s) after the process starts, or its first log line where that comes first
   building      once the run's first line ("=> cpu binding") shows, plus a delay: its handlers installed
@@ -23,10 +25,11 @@ injection: the uninterrupted run of its configuration (launcher, -j; run once an
 with the injection, then ``--resume auto`` into its folder until summary.json says ``ok`` (a stop before the first
 save leaves nothing to resume: that run trains from the start). Checked: the injected run's exit code (128 + a
 signal sent; 0 where the run had ended ``ok``; killed by SIGINT or SIGTERM only before main.py's first line, where
-no handler can be), no traceback, every step's loss (step_losses.csv), every
+no handler can be; torchrun's agent: 1, its own SignalException, or killed by SIGUSR1, which it leaves to the
+workers), no traceback (but the torchrun agent's own), every step's loss (step_losses.csv), every
 validation, Acc@1 and the final weights equal to the uninterrupted run's, the steps trained twice (the injected
-run's last step past the step its resumed run continued at), no run.lock left, no process left in the run's
-session, none past --timeout (then the outcome is ``hang``, with each process's state from /proc, and the
+run's last step past the step its resumed run continued at), no run.lock left, no process of the run left,
+none past --timeout (then the outcome is ``hang``, with each process's state from /proc, and the
 processes' Python stacks in the run's stderr file).
 
 Outcomes: exact; redone N (all equal, N steps trained twice); differs (a loss, a validation, Acc@1 or the weights);
@@ -51,7 +54,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tools._faults import Child, child_env, session, waits_in_open
+from tools._faults import Child, child_env, waits_in_open
 from trainer import errors
 from trainer.errors import UsageError
 from trainer.job.stop import exit_code
@@ -67,6 +70,10 @@ TWO = 1 / 3.0  # the share of injections with a second signal
 OUTCOMES = ("exact", "redone", "differs", "hang", "failed")
 SPAWN = ["--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0,1", "--port", "0",
          "--dist-timeout", "120"]
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0"]
+LAUNCHERS = ("one", "spawn", "torchrun")
+# how torchrun's agent ends at a signal it handles (SIGINT, SIGTERM): it raises SignalException, with a traceback
+AGENT_SIGNALLED = re.compile(r"^[\w.]*SignalException: Process \d+ got signal")
 STEP = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/(\d+)\]")
 STOPPED = re.compile(r"=> SIG\w+: stopped at epoch (\d+) step (\d+) of \d+ \(global step \d+\)(, before)?")
 
@@ -96,18 +103,32 @@ def run_args(a, launcher, workers):
     args = [a.data, "-a", a.arch, "-b", str(a.batch_size), "--lr", "0.1", "--epochs", str(a.epochs), "--device",
             "cpu", "--seed", "5", "--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32",
             "-j", str(workers), "-p", "1"]
-    return [sys.executable, os.path.join(ROOT, "main.py")] + args + (SPAWN if launcher == "spawn" else [])
+    main = [os.path.join(ROOT, "main.py")] + args
+    if launcher == "torchrun":
+        return [sys.executable] + TORCHRUN + main
+    return [sys.executable] + main + (SPAWN if launcher == "spawn" else [])
 
 
 def writer(child, launcher):
-    """The pid that writes the checkpoint: the process itself, or spawn's rank 0 (its first rank started)."""
-    if launcher != "spawn":
+    """The pid that writes the checkpoint: the process itself, or rank 0 of spawn or torchrun (its first rank
+    started)."""
+    if launcher == "one":
         return child.proc.pid
     ranks = []
-    for pid, _, _, cmd in session(child.proc.pid):
-        if "spawn_main" in cmd:
+    for pid, _, _, cmd in child.processes():
+        if pid != child.proc.pid and ("spawn_main" in cmd if launcher == "spawn" else "main.py" in cmd):
             ranks.append(pid)
     return min(ranks) if ranks else None
+
+
+def send(child, launcher, signum):
+    """A stop signal as a launcher's users send it: to the process, or to torchrun's agent and every process it
+    started (Slurm signals every process of a job step; a terminal's Ctrl-C and Kubernetes reach the agent, which
+    passes SIGINT and SIGTERM on)."""
+    if launcher == "torchrun":
+        child.kill_all(signum)
+    else:
+        child.proc.send_signal(signum)
 
 
 def epoch_of(lines):
@@ -229,6 +250,8 @@ def allowed_exits(inj, summary, lines):
     """The exit codes the injected run may end with."""
     sent = [SIGNALS[s] for s in inj["signals"]]
     allowed = {exit_code(s) for s in sent}
+    if inj["launcher"] == "torchrun":  # the agent's: its SignalException, or killed by the signal it leaves alone
+        allowed = {1 for s in sent if s != signal.SIGUSR1} | {-s for s in sent if s == signal.SIGUSR1}
     if summary.get("status") == "ok":
         allowed.add(0)
     if not (summary or [ln for ln in lines if not ln.startswith("## ")]):  # before main.py's first line: killed
@@ -236,14 +259,28 @@ def allowed_exits(inj, summary, lines):
     return allowed
 
 
-def check_end(child, out, rec, what):
-    """A finished process: no traceback, no process left in its session, no run.lock left."""
+def tracebacks(text, launcher):
+    """The last lines (the exception) of the tracebacks in ``text``, but torchrun's agent's at a signal: its way of
+    ending there (KeyboardInterrupt where SIGINT came before it installed its handler)."""
+    out = []
+    for block in text.split("Traceback (most recent call last):")[1:]:
+        last = next((line for line in block.splitlines()[1:] if line and not line[0].isspace()), "")
+        if launcher == "torchrun" and (AGENT_SIGNALLED.match(last) or  # raised by the agent's handler only
+                                       last == "KeyboardInterrupt" and "torch/distributed/run.py" in block):
+            continue  # the agent's own way to end at a signal (a second one while it stops the workers: chained)
+        out.append(last or "(no exception line)")
+    return out
+
+
+def check_end(child, out, rec, what, launcher):
+    """A finished process: no traceback, no process of the run left, no run.lock left."""
     with open(child.err_path, errors="replace") as f:
-        if "Traceback" in f.read():
-            rec["problems"].append("{}: a traceback on stderr ({})".format(what, child.err_path))
+        raised = tracebacks(f.read(), launcher)
+    if raised:
+        rec["problems"].append("{}: a traceback on stderr ({}): {}".format(what, child.err_path, raised[-1]))
     rest = child.left()
     if rest:
-        rec["problems"].append("{}: {} process(es) left in its session: {}".format(what, len(rest), rest))
+        rec["problems"].append("{}: {} process(es) of the run left: {}".format(what, len(rest), rest))
     if os.path.exists(os.path.join(out, LOCK)):
         rec["problems"].append("{}: {} left ({})".format(what, LOCK, holder(out) or "not held"))
 
@@ -264,7 +301,7 @@ def inject_one(a, inj, ref, steps, env):
         for k, name in enumerate(inj["signals"]):
             if k:
                 child.read(None, min(deadline, time.monotonic() + inj["second_delay"]))
-            child.proc.send_signal(SIGNALS[name])
+            send(child, inj["launcher"], SIGNALS[name])
             child.lines.append("## SIG{} sent".format(name))  # in its .log file, where it came
             sent = sent or time.monotonic()
     else:
@@ -280,7 +317,7 @@ def inject_one(a, inj, ref, steps, env):
     if code not in allowed_exits(inj, summary, child.lines):
         rec["problems"].append("exit code {}, expected {}".format(code, sorted(allowed_exits(inj, summary,
                                                                                              child.lines))))
-    check_end(child, out, rec, "the injected run")
+    check_end(child, out, rec, "the injected run", inj["launcher"])
     if not resume(a, cmd, out, rec, env):
         return rec
     trained = max(global_steps(child.lines) or [0])
@@ -306,7 +343,7 @@ def resume(a, cmd, out, rec, env):
             rec.update(hang=child.hung, outcome="hang", landed="resumed run hung (stacks in {})".format(
                 child.err_path))
             return False
-        check_end(child, out, rec, "the resumed run")
+        check_end(child, out, rec, "the resumed run", rec["launcher"])
         if code != 0:  # a run that fails would fail again: no further attempt
             rec["problems"].append("the resumed run ended with exit code {}: {}".format(
                 code, " | ".join(child.stderr_tail(2))))
@@ -366,7 +403,7 @@ def describe(rec):
     result = rec["outcome"] + (" {}".format(rec["redone"]) if rec["outcome"] == "redone" else "")
     took = "" if rec.get("signal_to_exit") is None else ", {:.2f} s after the signal".format(rec["signal_to_exit"])
     why = "; ".join(rec["problems"] + rec["differences"])
-    return "#{:<3} {:<10} {:<6} +{:.2f}s  {:<16} {:<5} -j{}  {:<8} exit {}{}  {}{}".format(
+    return "#{:<3} {:<10} {:<6} +{:.2f}s  {:<16} {:<8} -j{}  {:<8} exit {}{}  {}{}".format(
         rec["index"], rec["phase"], where, rec["delay"], sigs, rec["launcher"], rec["workers"], result,
         rec.get("exit"), took, rec.get("landed", ""), " | " + why if why else "")
 
@@ -409,8 +446,9 @@ def build_parser():
                                                  "and 2 validation images of 32 px, generated into DIR/data)")
     p.add_argument("--seed", type=number(int, 0), default=0, help="the injections' draw")
     p.add_argument("-n", "--count", type=number(int, 1), default=24, help="injections")
-    p.add_argument("--launchers", nargs="+", choices=("one", "spawn"), default=["one"],
-                   help="drawn among: one process, or spawn's 2 ranks (--multiprocessing-distributed)")
+    p.add_argument("--launchers", nargs="+", choices=LAUNCHERS, default=["one"],
+                   help="drawn among: one process, spawn's 2 ranks (--multiprocessing-distributed), torchrun's 2 "
+                        "workers (signals to the agent and every process it started)")
     p.add_argument("--workers", nargs="+", type=number(int, 0), default=[0, 2], help="-j values drawn among")
     p.add_argument("--epochs", type=number(int, 1), default=2)
     p.add_argument("--batch-size", type=number(int, 1), default=16)
