@@ -1,8 +1,8 @@
 """The stop path under seeded fault injection (tools/inject_faults.py): 24 injections of stop signals (one or two
-of SIGINT, SIGTERM, SIGUSR1) into one-process runs, and 6 into jobs of 2 ranks (spawn, torchrun), at drawn moments of
-every phase (start-up, building, a step, validation, a checkpoint's write, an epoch's end; -j 0 and -j 2), each
-resumed with --resume auto and compared with the run that was not stopped: every outcome exact (the exit code, every
-step's loss, every validation, Acc@1, the weights, no step trained twice, no lock or process left, no hang).
+of SIGINT, SIGTERM, SIGUSR1) into one-process runs, and 6 into spawn's, torchrun's and a ModelZoo driver's, at drawn
+moments of every phase (start-up, building, a step, validation, a checkpoint's write, an epoch's end; -j 0 and -j 2),
+each resumed with --resume auto and compared with the run that was not stopped: every outcome exact (the exit code,
+every step's loss, every validation, Acc@1, the weights, no step trained twice, no lock or process left, no hang).
 ``make soak`` draws more."""
 import json
 import os
@@ -17,7 +17,7 @@ from tools import inject_faults
 pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(900)]
 
 SEED, COUNT = 55, 24
-RANKS_SEED, RANKS_COUNT = 4, 6  # one of each phase; both launchers, all three signals, two pairs, mostly in epoch 0
+RANKS_SEED, RANKS_COUNT = 4, 6  # one of each phase; every launcher, all three signals, two pairs, mostly in epoch 0
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +42,20 @@ def test_seeded_stop_signals_in_every_phase_resume_exactly(faults_data, tmp_path
 
 
 @RANKS
-def test_seeded_stop_signals_to_spawned_ranks_and_torchrun_workers_resume_exactly(faults_data, tmp_path, capsys):
-    """Six injections, one in each phase, into jobs of 2 ranks: spawn's (a signal to its parent, as Ctrl-C and
-    Kubernetes send it) and torchrun's (to the agent and every process it started, as Slurm sends it); the
-    agent's own exit (1 at its SignalException, killed by SIGUSR1) is allowed, the ranks' must resume exactly."""
+def test_seeded_stop_signals_to_spawn_torchrun_and_a_modelzoo_driver_resume_exactly(faults_data, tmp_path, capsys):
+    """Six injections, one in each phase, into the other launchers: spawn's 2 ranks (a signal to its parent, as
+    Ctrl-C and Kubernetes send it), torchrun's 2 workers (to the agent and every process it started, as Slurm sends
+    it; the agent's own exit, 1 at its SignalException or killed by SIGUSR1, is allowed) and ModelZoo's
+    test/train_full_1p.sh (to the driver, its rank's log followed in its file): every run resumes exactly."""
     out = tmp_path / "faults.json"
     code = inject_faults.main(["--work-dir", str(tmp_path), "--data", str(faults_data), "--seed", str(RANKS_SEED),
-                               "-n", str(RANKS_COUNT), "--launchers", "spawn", "torchrun", "--workers", "0",
+                               "-n", str(RANKS_COUNT), "--launchers", "spawn", "torchrun", "driver", "--workers", "0",
                                "--jobs", "2", "--json", str(out)])
     printed = capsys.readouterr().out
     with open(str(out)) as f:
         records = json.load(f)["injections"]
     assert {r["phase"] for r in records} == set(inject_faults.PHASES), printed
-    assert {r["launcher"] for r in records} == {"spawn", "torchrun"}, printed
+    assert {r["launcher"] for r in records} == {"spawn", "torchrun", "driver"}, printed
     assert {s for r in records for s in r["signals"]} == set(inject_faults.SIGNALS), printed
     bad = [line for line in printed.splitlines() if line.startswith("#") and "  exact  " not in line]
     assert not bad and code == 0, "\n".join(bad + printed.strip().splitlines()[-9:])

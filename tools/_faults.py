@@ -46,15 +46,35 @@ def tagged(tag):
 
 class Child:
     """main.py (or its launcher) in a session of its own, tagged: its stdout read line by line as it comes, its
-    stderr into a file."""
+    stderr into a file. ``follow``: the file its log goes to instead (a ModelZoo driver's rank log, followed from
+    its size now: a resumed run appends), its own output then beside its stderr."""
 
-    def __init__(self, cmd, err_path, env):
+    def __init__(self, cmd, err_path, env, follow=None):
         self.err_path, self.lines, self._pending, self._buf, self.eof = err_path, [], [], b"", False
-        self.tag = "{}-{}".format(os.getpid(), os.path.abspath(err_path))
+        self.tag, self.follow = "{}-{}".format(os.getpid(), os.path.abspath(err_path)), follow
+        self._offset = os.path.getsize(follow) if follow and os.path.exists(follow) else 0
         with open(err_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
+            self.proc = subprocess.Popen(cmd, stdout=err if follow else subprocess.PIPE, stderr=err, cwd=ROOT,
                                          env=dict(env, **{TAG: self.tag}), start_new_session=True)
         self.started = time.monotonic()
+
+    def _chunk(self, left):
+        """The output that came: bytes, b"" at its end, None where none came within ``left`` s."""
+        if self.follow is None:
+            fd = self.proc.stdout.fileno()
+            return os.read(fd, 65536) if select.select([fd], [], [], min(left, 1.0))[0] else None
+        ended = self.proc.poll() is not None  # before the read: what it wrote before it ended is read now
+        try:
+            with open(self.follow, "rb") as f:
+                f.seek(self._offset)
+                data = f.read(65536)
+        except OSError:  # not there yet
+            data = b""
+        self._offset += len(data)
+        if data or ended:
+            return data
+        time.sleep(min(left, 0.05))
+        return None
 
     def processes(self):
         """The run's processes still there (its tag's)."""
@@ -62,7 +82,6 @@ class Child:
 
     def read(self, until, deadline):
         """Lines until ``until(line)`` holds for one (True), the output ends (False) or ``deadline`` (None)."""
-        fd = self.proc.stdout.fileno()
         while True:
             while self._pending:
                 line = self._pending.pop(0)
@@ -74,9 +93,9 @@ class Child:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            if not select.select([fd], [], [], min(left, 1.0))[0]:
+            chunk = self._chunk(left)
+            if chunk is None:
                 continue
-            chunk = os.read(fd, 65536)
             if not chunk:
                 self.eof, chunk = True, b"\n" if self._buf else b""
             parts = (self._buf + chunk).split(b"\n")
@@ -100,7 +119,8 @@ class Child:
                 pass
             self.kill_all(signal.SIGKILL)
             self.proc.wait()
-        self.proc.stdout.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         with open(self.err_path[:-len(".err")] + ".log", "w") as f:  # its stdout beside its stderr
             f.write("".join(line + "\n" for line in self.lines))
         return code

@@ -8,7 +8,8 @@ then ``--resume auto``, each compared with the run that was not stopped.
 From --seed, N injections are drawn, each: a phase, one or two signals of SIGINT, SIGTERM and SIGUSR1 (the second a
 drawn short delay after the first), a launcher (``one`` process; ``spawn``: --multiprocessing-distributed with 2 ranks
 of one node; ``torchrun``: its 2 workers of one node, each signal sent to the agent and every process it started, as
-Slurm signals every process of a job step) and the data workers (-j). The phases, each drawn once in every
+Slurm signals every process of a job step; ``driver``: ModelZoo's bash test/train_full_1p.sh, its rank's log followed
+in train_0.log) and the data workers (-j). The phases, each drawn once in every
 round of six:
 
   start-up      a drawn delay (0-2 s) after the process starts, or its first log line where that comes first
@@ -25,11 +26,11 @@ injection: the uninterrupted run of its configuration (launcher, -j; run once an
 with the injection, then ``--resume auto`` into its folder until summary.json says ``ok`` (a stop before the first
 save leaves nothing to resume: that run trains from the start). Checked: the injected run's exit code (128 + a
 signal sent; 0 where the run had ended ``ok``; killed by SIGINT or SIGTERM only before main.py's first line, where
-no handler can be; torchrun's agent: 1, its own SignalException, or killed by SIGUSR1, which it leaves to the
-workers), no traceback (but the torchrun agent's own), every step's loss (step_losses.csv), every
-validation, Acc@1 and the final weights equal to the uninterrupted run's, the steps trained twice (the injected
-run's last step past the step its resumed run continued at), no run.lock left, no process of the run left,
-none past --timeout (then the outcome is ``hang``, with each process's state from /proc, and the
+no handler can be, and the driver's bash by any of them; torchrun's agent: 1, its own SignalException, or killed by
+SIGUSR1, which it leaves to the workers), no traceback (but the torchrun agent's own), every step's loss
+(step_losses.csv), every validation, Acc@1 and the final weights equal to the uninterrupted run's, the steps trained
+twice (the injected run's last step past the step its resumed run continued at), no run.lock left, no process of the
+run left, none past --timeout (then the outcome is ``hang``, with each process's state from /proc, and the
 processes' Python stacks in the run's stderr file).
 
 Outcomes: exact; redone N (all equal, N steps trained twice); differs (a loss, a validation, Acc@1 or the weights);
@@ -71,7 +72,8 @@ OUTCOMES = ("exact", "redone", "differs", "hang", "failed")
 SPAWN = ["--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0,1", "--port", "0",
          "--dist-timeout", "120"]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0"]
-LAUNCHERS = ("one", "spawn", "torchrun")
+DRIVER = os.path.join(ROOT, "test", "train_full_1p.sh")  # ModelZoo's driver: its rank's log in train_0.log
+LAUNCHERS = ("one", "spawn", "torchrun", "driver")
 # how torchrun's agent ends at a signal it handles (SIGINT, SIGTERM): it raises SignalException, with a traceback
 AGENT_SIGNALLED = re.compile(r"^[\w.]*SignalException: Process \d+ got signal")
 STEP = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/(\d+)\]")
@@ -99,19 +101,39 @@ def draw(seed, count, launchers, workers, epochs):
 
 
 def run_args(a, launcher, workers):
-    """main.py's arguments of a configuration, without --output-dir."""
+    """The command of a configuration, without its output folder (``into`` adds it)."""
+    sizes = ["--seed", "5", "--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-p", "1"]
+    if launcher == "driver":  # its keys, then main.py's flags it passes on: the same main.py command as ``one``
+        return ["bash", DRIVER, "--data_path=" + a.data, "--arch=" + a.arch, "--batch_size={}".format(a.batch_size),
+                "--lr=0.1", "--epochs={}".format(a.epochs), "--device=cpu", "--workers={}".format(workers),
+                "--precision=fp32", "--"] + sizes
     args = [a.data, "-a", a.arch, "-b", str(a.batch_size), "--lr", "0.1", "--epochs", str(a.epochs), "--device",
-            "cpu", "--seed", "5", "--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32",
-            "-j", str(workers), "-p", "1"]
+            "cpu", "-j", str(workers)] + sizes
     main = [os.path.join(ROOT, "main.py")] + args
     if launcher == "torchrun":
         return [sys.executable] + TORCHRUN + main
     return [sys.executable] + main + (SPAWN if launcher == "spawn" else [])
 
 
+def into(cmd, out, resume=False):
+    """``cmd`` writing into ``out`` (and continuing the run there): main.py's flags, or the driver's keys."""
+    if cmd[0] == "bash":
+        at = cmd.index("--")
+        return cmd[:at] + ["--output_dir=" + out] + (["--resume=auto"] if resume else []) + cmd[at:]
+    return cmd + ["--output-dir", out] + (["--resume", "auto"] if resume else [])
+
+
+def start(cmd, out, err_path, env):
+    """The run's process; for the driver (on this Python), its log is its rank's (train_0.log), its own output
+    beside its stderr."""
+    if cmd[0] != "bash":
+        return Child(cmd, err_path, env)
+    return Child(cmd, err_path, dict(env, PYTHON=sys.executable), follow=os.path.join(out, "train_0.log"))
+
+
 def writer(child, launcher):
-    """The pid that writes the checkpoint: the process itself, or rank 0 of spawn or torchrun (its first rank
-    started)."""
+    """The pid that writes the checkpoint: the process itself, or rank 0 of spawn, torchrun or the driver (its first
+    rank started)."""
     if launcher == "one":
         return child.proc.pid
     ranks = []
@@ -233,7 +255,7 @@ def reference(a, launcher, workers, env):
     except (OSError, ValueError, KeyError):
         pass
     shutil.rmtree(out, ignore_errors=True)
-    child = Child(cmd + ["--output-dir", out], out + ".err", env)
+    child = start(into(cmd, out), out, out + ".err", env)
     code = child.finish(child.started + a.timeout)
     child.left()
     steps = [int(m.group(3)) for m in map(STEP.match, child.lines) if m]
@@ -256,6 +278,8 @@ def allowed_exits(inj, summary, lines):
         allowed.add(0)
     if not (summary or [ln for ln in lines if not ln.startswith("## ")]):  # before main.py's first line: killed
         allowed |= {-s for s in sent if s != signal.SIGUSR1}  # as any program is (a shell reads 128 + N)
+        if inj["launcher"] == "driver":  # the driver's bash, before it execs Python, by any of them
+            allowed |= {-s for s in sent}
     return allowed
 
 
@@ -275,7 +299,7 @@ def tracebacks(text, launcher):
 def check_end(child, out, rec, what, launcher):
     """A finished process: no traceback, no process of the run left, no run.lock left."""
     with open(child.err_path, errors="replace") as f:
-        raised = tracebacks(f.read(), launcher)
+        raised = tracebacks(f.read() + "\n".join(child.lines if child.follow else ()), launcher)
     if raised:
         rec["problems"].append("{}: a traceback on stderr ({}): {}".format(what, child.err_path, raised[-1]))
     rest = child.left()
@@ -294,7 +318,7 @@ def inject_one(a, inj, ref, steps, env):
     rec = dict(inj, folder=out, problems=[], differences=[], resumes=[], redone=0, signal_to_exit=None)
     if inj["phase"] == "step":
         rec["step"] = 1 + int(inj["at"] * steps)
-    child = Child(cmd + ["--output-dir", out], out + ".err", env)
+    child = start(into(cmd, out), out, out + ".err", env)
     deadline = child.started + a.timeout
     reached, sent = reach(child, inj, steps, out, deadline), None
     if reached:
@@ -334,7 +358,7 @@ def resume(a, cmd, out, rec, env):
     for attempt in range(3):
         if read_summary(out).get("status") == "ok":
             return True
-        child = Child(cmd + ["--output-dir", out, "--resume", "auto"], "{}.resume{}.err".format(out, attempt), env)
+        child = start(into(cmd, out, resume=True), out, "{}.resume{}.err".format(out, attempt), env)
         code = child.finish(child.started + a.timeout)
         first = global_steps(child.lines)
         rec["resumes"].append(dict(exit=code, first_step=first[0] if first else None,
@@ -448,7 +472,8 @@ def build_parser():
     p.add_argument("-n", "--count", type=number(int, 1), default=24, help="injections")
     p.add_argument("--launchers", nargs="+", choices=LAUNCHERS, default=["one"],
                    help="drawn among: one process, spawn's 2 ranks (--multiprocessing-distributed), torchrun's 2 "
-                        "workers (signals to the agent and every process it started)")
+                        "workers (signals to the agent and every process it started), ModelZoo's "
+                        "test/train_full_1p.sh")
     p.add_argument("--workers", nargs="+", type=number(int, 0), default=[0, 2], help="-j values drawn among")
     p.add_argument("--epochs", type=number(int, 1), default=2)
     p.add_argument("--batch-size", type=number(int, 1), default=16)
