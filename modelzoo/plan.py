@@ -188,9 +188,27 @@ def within(path, folder):
 
 
 def resolve(a, mode, scale, script, env):
-    from trainer import recipes  # torch-free: the plain value checks below answer before torch is imported
+    """The driver's plan from its arguments ``a`` (``parse``'s), in the order a user's mistakes are answered: the
+    values given, the ranks and devices, the run's values (recipe or main.py's defaults), the baseline, the output
+    folder."""
     p = Plan()
     p.mode, p.scale, p.script, p.notes = mode, scale, script, []
+    given = _given(a, p, mode, script, env)
+    _ranks(a, p, scale, env, given)
+    _values(a, p, mode, scale, env, given)
+    p.baseline = a.baseline  # checked now, not after hours of training
+    p.acc_tolerance, p.fps_ratio = a.acc_tolerance, a.fps_ratio
+    if a.baseline:
+        run_acceptance(["baseline", "--baseline", a.baseline, "--arch", p.network, "--rank-size", str(p.world),
+                        "--mode", p.case_mode, "--precision", p.precision] + tolerances(p), usage=True)
+    _output(a, p, scale, env)
+    p.args = a
+    return p
+
+
+def _given(a, p, mode, script, env):
+    """The values given, checked (torch-free: they are answered before torch is imported): a dict of the typed
+    numbers and the --port passed to main.py; ``p`` takes the device and the precision asked."""
     if a.dummy and a.data_path:
         raise UsageError("give --data_path=DIR or --dummy, not both")
     if not a.dummy:
@@ -198,17 +216,16 @@ def resolve(a, mode, scale, script, env):
             raise UsageError("--data_path=DIR is required (an ImageNet-style folder or tiny-imagenet-200; or --dummy)")
         if not os.path.isdir(a.data_path):
             raise UsageError("--data_path '{}' is not a folder".format(a.data_path))
-    workers = whole("workers", a.workers, 0)
-    steps = whole("steps", a.steps, 1)
+    given = dict(workers=whole("workers", a.workers, 0), steps=whole("steps", a.steps, 1))
     precision = {"o1": "O1", "o2": "O2", "fp32": "fp32"}.get((a.precision or "").lower()) if a.precision else None
     if a.precision and precision is None:
         raise UsageError("--precision must be O2, O1 or fp32, got '{}'".format(a.precision))
     p.precision_given = precision
     zooargs.apply(a, p, env)  # ModelZoo's arguments: --learning_rate, --train_epochs, --device_id on 8p, ...
-    batch = whole("batch_size", a.batch_size, 1)
-    epochs = whole("epochs" if a.train_epochs is None else "train_epochs", a.epochs, 1)
-    device_id = whole("device_id", a.device_id, 0)
-    lr = non_negative("lr" if a.learning_rate is None else "learning_rate", a.lr)
+    given.update(batch=whole("batch_size", a.batch_size, 1),
+                 epochs=whole("epochs" if a.train_epochs is None else "train_epochs", a.epochs, 1),
+                 device_id=whole("device_id", a.device_id, 0),
+                 lr=non_negative("lr" if a.learning_rate is None else "learning_rate", a.lr))
     non_negative("acc_tolerance", a.acc_tolerance)
     non_negative("fps_ratio", a.fps_ratio)
     if (a.acc_tolerance or a.fps_ratio) and not a.baseline:
@@ -221,39 +238,22 @@ def resolve(a, mode, scale, script, env):
         raise UsageError("--device must be {} or {}, got '{}'".format(", ".join(kinds[:-1]), kinds[-1], p.device))
     if a.resume and a.resume != "auto" and not os.path.isfile(a.resume):
         raise UsageError("--resume '{}' is not a file (give a checkpoint file, or auto)".format(a.resume))
-    port = check_passthrough(a.passthrough, mode, script)
+    given["port"] = check_passthrough(a.passthrough, mode, script)
     if a.profiling is not None and any(t.startswith("--profile-steps") for t in a.passthrough):
         raise UsageError("--profiling and -- --profile-steps both set the profiled steps: give one")
+    return given
 
-    # -- ranks and devices
+
+def _ranks(a, p, scale, env, given):
+    """This node's ranks and devices, the job's size and rank numbers, the device of a 1p run, the port."""
     p.nodes, p.node_rank, p.master_addr, p.table = 1, 0, None, None
+    device_id, port = given["device_id"], given["port"]
     if scale == "1p":
         p.ranks, p.devices = 1, None
         if device_id is None:
             device_id = whole("device_id (or ASCEND_DEVICE_ID)", env.get("ASCEND_DEVICE_ID") or "0", 0)
     else:
-        rank_size = whole("rank_size", a.rank_size, 1)
-        if a.device_list:
-            from trainer.config import parse_device_list
-            try:
-                p.devices = parse_device_list(a.device_list)
-            except Exception as exc:  # argparse.ArgumentTypeError: its message is the one line
-                raise UsageError(str(exc).replace("--device-list", "--device_list"))
-            if rank_size is not None and rank_size != len(p.devices):
-                raise UsageError("--rank_size={} but --device_list={} names {} device(s)".format(
-                    rank_size, a.device_list, len(p.devices)))
-        elif env.get("RANK_TABLE_FILE"):  # the job's rank table: this host's devices, in its order
-            from trainer.job.clusters import host_ranks
-            from trainer.job.rendezvous import is_local_address
-            p.table = host_ranks(env, is_local_address)  # a job of several servers: one driver on each
-            p.devices = p.table["devices"]
-            if rank_size is not None and rank_size != len(p.devices):
-                raise UsageError("--rank_size={} but RANK_TABLE_FILE '{}' lists {} device(s) for this host ({}): "
-                                 "give --rank_size={}, or leave it out".format(
-                                     rank_size, env["RANK_TABLE_FILE"], len(p.devices),
-                                     ",".join(map(str, p.devices)), len(p.devices)))
-        else:
-            p.devices = tuple(range(rank_size or 8))
+        p.devices = _devices(a, p, env, whole("rank_size", a.rank_size, 1))
         p.ranks = len(p.devices)
         if port is not None and not (re.fullmatch(r"[0-9]+", port) and 1 <= int(port) <= 65535):
             raise UsageError("--port '{}' after --: the ranks need one fixed port, 1-65535".format(port))
@@ -271,7 +271,38 @@ def resolve(a, mode, scale, script, env):
             port = env.get("MASTER_PORT") or str(DEFAULT_PORT)  # every server must name the same port
     p.device_id, p.port = device_id, port
 
-    # -- arch, recipe, and the values the run takes
+
+def _devices(a, p, env, rank_size):
+    """The devices of this node's ranks: --device_list, else this host's in RANK_TABLE_FILE (``p.table``), else
+    0..--rank_size-1 (8 by default)."""
+    if a.device_list:
+        from trainer.config import parse_device_list
+        try:
+            devices = parse_device_list(a.device_list)
+        except Exception as exc:  # argparse.ArgumentTypeError: its message is the one line
+            raise UsageError(str(exc).replace("--device-list", "--device_list"))
+        if rank_size is not None and rank_size != len(devices):
+            raise UsageError("--rank_size={} but --device_list={} names {} device(s)".format(
+                rank_size, a.device_list, len(devices)))
+        return devices
+    if env.get("RANK_TABLE_FILE"):  # the job's rank table: this host's devices, in its order
+        from trainer.job.clusters import host_ranks
+        from trainer.job.rendezvous import is_local_address
+        p.table = host_ranks(env, is_local_address)  # a job of several servers: one driver on each
+        if rank_size is not None and rank_size != len(p.table["devices"]):
+            raise UsageError("--rank_size={} but RANK_TABLE_FILE '{}' lists {} device(s) for this host ({}): "
+                             "give --rank_size={}, or leave it out".format(
+                                 rank_size, env["RANK_TABLE_FILE"], len(p.table["devices"]),
+                                 ",".join(map(str, p.table["devices"])), len(p.table["devices"])))
+        return p.table["devices"]
+    return tuple(range(rank_size or 8))
+
+
+def _values(a, p, mode, scale, env, given):
+    """The network, the recipe (``<network>_<scale>``, the 8p one for several nodes) and the run's values, scaled
+    to the job, or main.py's defaults with the values given; the performance steps and the profiled window."""
+    from trainer import recipes  # torch-free
+    batch, lr, workers, epochs = given["batch"], given["lr"], given["workers"], given["epochs"]
     arch = a.arch or "resnet50"
     p.network = arch[:-len("_npu")] if arch.endswith("_npu") else arch
     p.model = p.network + "_npu" if p.network in NPU_NETWORKS else arch
@@ -282,9 +313,9 @@ def resolve(a, mode, scale, script, env):
         p.recipe = name
         recipe = recipes.get(name)
         p.model = recipe.get("arch", p.model)
-        given = {k: v for k, v in (("batch_size", batch), ("lr", lr), ("workers", workers), ("epochs", epochs))
-                 if v is not None}
-        values, notes = recipes.scale(name, p.world, given)
+        values, notes = recipes.scale(name, p.world, {k: v for k, v in (("batch_size", batch), ("lr", lr),
+                                                                         ("workers", workers), ("epochs", epochs))
+                                                      if v is not None})
         p.notes += notes
         p.batch, p.lr, p.epochs = values["batch_size"], values["lr"], values["epochs"]
         p.workers = values.get("workers")
@@ -305,7 +336,7 @@ def resolve(a, mode, scale, script, env):
     if p.batch % p.world:
         raise UsageError("--batch_size {} (global) does not divide over {} ranks: use a multiple of {}".format(
             p.batch, p.world, p.world))
-    p.steps = (steps or PERF_STEPS) if mode == "performance" else None
+    p.steps = (given["steps"] or PERF_STEPS) if mode == "performance" else None
     window = zooargs.profile_window(a.profiling, env, p.steps * p.epochs if p.steps else None)
     if window:
         p.extra += ["--profile-steps", "{}:{}".format(*window)]
@@ -313,19 +344,14 @@ def resolve(a, mode, scale, script, env):
                        "folder (ModelZoo's profile types share it)".format(a.profiling, window[0], window[1] - 1))
     p.case_mode = "perf" if mode == "performance" else "acc"
 
-    # -- the baseline is checked now, not after hours of training
-    p.baseline = a.baseline
-    p.acc_tolerance, p.fps_ratio = a.acc_tolerance, a.fps_ratio
-    if a.baseline:
-        run_acceptance(["baseline", "--baseline", a.baseline, "--arch", p.network, "--rank-size", str(p.world),
-                        "--mode", p.case_mode, "--precision", p.precision] + tolerances(p), usage=True)
 
-    # -- the output folder: keep (resume), move aside, or refuse
+def _output(a, p, scale, env):
+    """The output folder and what becomes of what it holds: keep it (a resume), move it aside, or refuse."""
     if a.output_dir:
         p.output_dir = os.path.realpath(a.output_dir)
     else:
         p.output_dir = os.path.join(ROOT, "test", "output",
-                                    str(device_id if scale == "1p" else env.get("ASCEND_DEVICE_ID") or 0))
+                                    str(p.device_id if scale == "1p" else env.get("ASCEND_DEVICE_ID") or 0))
     if os.path.exists(p.output_dir) and not os.path.isdir(p.output_dir):
         raise UsageError("--output_dir '{}' is a file, not a folder".format(p.output_dir))
     p.output_action = "new"
@@ -343,8 +369,6 @@ def resolve(a, mode, scale, script, env):
                     raise UsageError("--output_dir '{}' holds files and contains {}: it cannot be moved aside; "
                                      "choose an empty or new folder".format(p.output_dir, guard))
             p.output_action = "move"
-    p.args = a
-    return p
 
 
 def nodes(a, p, scale):

@@ -239,6 +239,23 @@ def test_no_module_outside_tests_and_bench_is_over_500_lines():
     assert not long, "over {} lines, split them: {}".format(MAX_MODULE_LINES, ", ".join(long))
 
 
+MAX_FUNCTION_LINES = 80  # a function past this is split into steps with names (tests/ and bench/ aside)
+
+
+def _long_functions(name):
+    """["path:line name (N lines)"] of module ``name``'s functions and methods over MAX_FUNCTION_LINES."""
+    return ["{}:{} {} ({} lines)".format(os.path.relpath(SOURCES[name], ROOT), node.lineno, node.name,
+                                         node.end_lineno - node.lineno + 1)
+            for node in ast.walk(TREES[name]) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_outside_tests_and_bench_is_over_80_lines():
+    """The trainer, the models, the ModelZoo layer, the tools and main.py: a reader follows a function on a page."""
+    long = [line for name in sorted(SOURCES) if name.split(".")[0] != "bench" for line in _long_functions(name)]
+    assert not long, "over {} lines, split them: {}".format(MAX_FUNCTION_LINES, ", ".join(long))
+
+
 MAX_PARAMETERS = 8  # a function of trainer/ that needs more takes the part or section that holds them
 
 
@@ -269,5 +286,11 @@ def test_the_checks_see_what_they_check():
     assert _across("trainer.newthing", "trainer.errors") and not _across("trainer.job.ranks", "trainer.cli")
     assert "trainer.errors" in {t for _, t in _imports("modelzoo.plan", import_time_only=True)}
     assert _project("trainer.errors.UsageError") == "trainer.errors" and _project("torch.nn") is None
+    SOURCES["_probe"] = os.path.join(ROOT, "probe.py")
+    TREES["_probe"] = ast.parse("def f():\n" + "    x = 1\n" * 80 + "\ndef g():\n    pass\n")
+    try:
+        assert _long_functions("_probe") == ["probe.py:1 f (81 lines)"]
+    finally:
+        del SOURCES["_probe"], TREES["_probe"]
     wide = ast.parse("def f(a, b, c, d, e, g, h, i, *rest, **kw): pass\nclass C:\n    def m(self, a, *, b=1): pass\n")
     assert [_parameters(n) for n in ast.walk(wide) if isinstance(n, ast.FunctionDef)] == [10, 2]

@@ -317,19 +317,57 @@ def build_parser():
 
 def run(args, out=None):
     import models
-    from trainer.device import Device
 
     log = functools.partial(print, file=out, flush=True)
-
     check_arch(args.arch)
+    _check_output(args)
+    ref, tgt, amp_dtype = _sides(args, log)
+    torch.manual_seed(args.seed)
+    model = models.get_model(args.arch, num_classes=args.num_classes)
+    gen = torch.Generator().manual_seed(args.seed)
+    s = args.image_size
+    batches = [(torch.randn(args.batch_size, 3, s, s, generator=gen),
+                torch.randint(0, args.num_classes, (args.batch_size,), generator=gen)) for _ in range(args.steps)]
+    log("=> {}: reference {} float32 vs target {} {} | {} step(s), batch {} x 3x{}x{} | rtol {:g}, atol {:g}".format(
+        args.arch, ref.name, tgt.name,
+        str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype is not None else "float32",
+        args.steps, args.batch_size, s, s, args.rtol, args.atol))
+    try:
+        result = compare_precision(model, batches, ref, tgt, amp_dtype, args.rtol, args.atol, args.lr,
+                                   args.loss_scale, args.seed)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UsageError("--arch {} does not train on {}x3x{}x{} batches on {} ({}); try another --image-size or "
+                         "--batch-size".format(args.arch, args.batch_size, s, s, tgt.name, first))
+    result.update({"arch": args.arch, "batch_size": args.batch_size, "image_size": s,
+                   "num_classes": args.num_classes, "seed": args.seed, "lr": args.lr})
+    _report(result, args.top, log)
     if args.output is not None:
-        if os.path.isdir(args.output):
-            raise UsageError("--output '{}' is a folder; give a file name".format(args.output))
-        if os.path.exists(args.output) and not args.force:
-            raise UsageError("--output '{}' already exists; pass --force to overwrite it".format(args.output))
-        folder = os.path.dirname(os.path.abspath(args.output))
-        if not os.path.isdir(folder):
-            raise UsageError("--output folder '{}' does not exist".format(folder))
+        tmp = args.output + ".tmp-{}".format(os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(_jsonable(result), f, indent=1)
+        os.replace(tmp, args.output)
+        log("=> comparison: {}".format(os.path.abspath(args.output)))
+    return 1 if result["over_tolerance"] else 0
+
+
+def _check_output(args):
+    """--output names a file that can be written (and is new, unless --force)."""
+    if args.output is None:
+        return
+    if os.path.isdir(args.output):
+        raise UsageError("--output '{}' is a folder; give a file name".format(args.output))
+    if os.path.exists(args.output) and not args.force:
+        raise UsageError("--output '{}' already exists; pass --force to overwrite it".format(args.output))
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        raise UsageError("--output folder '{}' does not exist".format(folder))
+
+
+def _sides(args, log):
+    """(the reference Device, the target Device, the target's autocast dtype or None)."""
+    from trainer.device import Device
+
     def create(kind, flag):
         try:
             return Device.create(kind)
@@ -353,28 +391,13 @@ def run(args, out=None):
             log("note: " + note)
     elif args.amp_dtype != "auto":
         raise UsageError("--amp-dtype {} needs --target-amp".format(args.amp_dtype))
+    return ref, tgt, amp_dtype
 
-    torch.manual_seed(args.seed)
-    model = models.get_model(args.arch, num_classes=args.num_classes)
-    gen = torch.Generator().manual_seed(args.seed)
-    s = args.image_size
-    batches = [(torch.randn(args.batch_size, 3, s, s, generator=gen),
-                torch.randint(0, args.num_classes, (args.batch_size,), generator=gen)) for _ in range(args.steps)]
-    log("=> {}: reference {} float32 vs target {} {} | {} step(s), batch {} x 3x{}x{} | rtol {:g}, atol {:g}".format(
-        args.arch, ref.name, tgt.name,
-        str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype is not None else "float32",
-        args.steps, args.batch_size, s, s, args.rtol, args.atol))
-    try:
-        result = compare_precision(model, batches, ref, tgt, amp_dtype, args.rtol, args.atol, args.lr,
-                                   args.loss_scale, args.seed)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise UsageError("--arch {} does not train on {}x3x{}x{} batches on {} ({}); try another --image-size or "
-                         "--batch-size".format(args.arch, args.batch_size, s, s, tgt.name, first))
-    result.update({"arch": args.arch, "batch_size": args.batch_size, "image_size": s,
-                   "num_classes": args.num_classes, "seed": args.seed, "lr": args.lr})
+
+def _report(result, top, log):
+    """The table of the ``top`` worst tensors and the verdict's lines."""
     rows = result["rows"]
-    log(table(rows, args.top))
+    log(table(rows, top))
     if result["dropout_disabled"]:
         log("note: {} dropout module(s) switched off on both sides".format(result["dropout_disabled"]))
     if result["only_in_reference"] or result["only_in_target"]:
@@ -393,13 +416,6 @@ def run(args, out=None):
             result["compared"], _fmt(result["max_rel"])))
     log("=> the guide's criterion (mean abs difference <= {:g}): {} of {} tensors over".format(
         GUIDE_MEAN_ABS, result["guide_over"], result["compared"]))
-    if args.output is not None:
-        tmp = args.output + ".tmp-{}".format(os.getpid())
-        with open(tmp, "w") as f:
-            json.dump(_jsonable(result), f, indent=1)
-        os.replace(tmp, args.output)
-        log("=> comparison: {}".format(os.path.abspath(args.output)))
-    return 1 if result["over_tolerance"] else 0
 
 
 def _jsonable(obj):

@@ -55,7 +55,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tools._faults import Child, child_env, waits_in_open
+from tools._faults import LAUNCHERS, child_env, into, run_args, send, start, tracebacks, waits_in_open, writer
 from trainer import errors
 from trainer.errors import UsageError
 from trainer.job.stop import exit_code
@@ -69,13 +69,6 @@ SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "USR1": signal.SIGUSR1}
 SECOND = (0.05, 1.0)  # s: the second signal's delay after the first, drawn in this range
 TWO = 1 / 3.0  # the share of injections with a second signal
 OUTCOMES = ("exact", "redone", "differs", "hang", "failed")
-SPAWN = ["--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0,1", "--port", "0",
-         "--dist-timeout", "120"]
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0"]
-DRIVER = os.path.join(ROOT, "test", "train_full_1p.sh")  # ModelZoo's driver: its rank's log in train_0.log
-LAUNCHERS = ("one", "spawn", "torchrun", "driver")
-# how torchrun's agent ends at a signal it handles (SIGINT, SIGTERM): it raises SignalException, with a traceback
-AGENT_SIGNALLED = re.compile(r"^[\w.]*SignalException: Process \d+ got signal")
 STEP = re.compile(r"Epoch: \[(\d+)\]\[\s*(\d+)/(\d+)\]")
 STOPPED = re.compile(r"=> SIG\w+: stopped at epoch (\d+) step (\d+) of \d+ \(global step \d+\)(, before)?")
 
@@ -98,59 +91,6 @@ def draw(seed, count, launchers, workers, epochs):
             inj["second_delay"] = second_delay
         out.append(inj)
     return out
-
-
-def run_args(a, launcher, workers):
-    """The command of a configuration, without its output folder (``into`` adds it)."""
-    sizes = ["--seed", "5", "--train-crop-size", "32", "--val-resize-size", "32", "--val-crop-size", "32", "-p", "1"]
-    if launcher == "driver":  # its keys, then main.py's flags it passes on: the same main.py command as ``one``
-        return ["bash", DRIVER, "--data_path=" + a.data, "--arch=" + a.arch, "--batch_size={}".format(a.batch_size),
-                "--lr=0.1", "--epochs={}".format(a.epochs), "--device=cpu", "--workers={}".format(workers),
-                "--precision=fp32", "--"] + sizes
-    args = [a.data, "-a", a.arch, "-b", str(a.batch_size), "--lr", "0.1", "--epochs", str(a.epochs), "--device",
-            "cpu", "-j", str(workers)] + sizes
-    main = [os.path.join(ROOT, "main.py")] + args
-    if launcher == "torchrun":
-        return [sys.executable] + TORCHRUN + main
-    return [sys.executable] + main + (SPAWN if launcher == "spawn" else [])
-
-
-def into(cmd, out, resume=False):
-    """``cmd`` writing into ``out`` (and continuing the run there): main.py's flags, or the driver's keys."""
-    if cmd[0] == "bash":
-        at = cmd.index("--")
-        return cmd[:at] + ["--output_dir=" + out] + (["--resume=auto"] if resume else []) + cmd[at:]
-    return cmd + ["--output-dir", out] + (["--resume", "auto"] if resume else [])
-
-
-def start(cmd, out, err_path, env):
-    """The run's process; for the driver (on this Python), its log is its rank's (train_0.log), its own output
-    beside its stderr."""
-    if cmd[0] != "bash":
-        return Child(cmd, err_path, env)
-    return Child(cmd, err_path, dict(env, PYTHON=sys.executable), follow=os.path.join(out, "train_0.log"))
-
-
-def writer(child, launcher):
-    """The pid that writes the checkpoint: the process itself, or rank 0 of spawn, torchrun or the driver (its first
-    rank started)."""
-    if launcher == "one":
-        return child.proc.pid
-    ranks = []
-    for pid, _, _, cmd in child.processes():
-        if pid != child.proc.pid and ("spawn_main" in cmd if launcher == "spawn" else "main.py" in cmd):
-            ranks.append(pid)
-    return min(ranks) if ranks else None
-
-
-def send(child, launcher, signum):
-    """A stop signal as a launcher's users send it: to the process, or to torchrun's agent and every process it
-    started (Slurm signals every process of a job step; a terminal's Ctrl-C and Kubernetes reach the agent, which
-    passes SIGINT and SIGTERM on)."""
-    if launcher == "torchrun":
-        child.kill_all(signum)
-    else:
-        child.proc.send_signal(signum)
 
 
 def epoch_of(lines):
@@ -281,19 +221,6 @@ def allowed_exits(inj, summary, lines):
         if inj["launcher"] == "driver":  # the driver's bash, before it execs Python, by any of them
             allowed |= {-s for s in sent}
     return allowed
-
-
-def tracebacks(text, launcher):
-    """The last lines (the exception) of the tracebacks in ``text``, but torchrun's agent's at a signal: its way of
-    ending there (KeyboardInterrupt where SIGINT came before it installed its handler)."""
-    out = []
-    for block in text.split("Traceback (most recent call last):")[1:]:
-        last = next((line for line in block.splitlines()[1:] if line and not line[0].isspace()), "")
-        if launcher == "torchrun" and (AGENT_SIGNALLED.match(last) or  # raised by the agent's handler only
-                                       last == "KeyboardInterrupt" and "torch/distributed/run.py" in block):
-            continue  # the agent's own way to end at a signal (a second one while it stops the workers: chained)
-        out.append(last or "(no exception line)")
-    return out
 
 
 def check_end(child, out, rec, what, launcher):
