@@ -239,9 +239,10 @@ def check(summary, entry, mode, acc_tolerance=DEFAULT_ACC_TOLERANCE, fps_ratio=D
     return results
 
 
-def run_check(summary, spec, arch, rank_size, mode, acc_tolerance=None, fps_ratio=None, out=sys.stdout,
-              precision=None):
-    """Print the PASS/FAIL lines; return 0, or 3 when any metric fails."""
+def run_check(summary, spec, arch, rank_size, mode, tolerances=(None, None), out=sys.stdout, precision=None):
+    """Print the PASS/FAIL lines; return 0, or 3 when any metric fails. ``tolerances``: (--acc_tolerance,
+    --fps_ratio) as given, None for the baseline's own."""
+    acc_tolerance, fps_ratio = tolerances
     if is_recipe_spec(spec):
         entry, tol, path = recipe_baseline(spec, summary, arch, rank_size)
     else:
@@ -384,7 +385,7 @@ def main(argv=None, out=sys.stdout):
     summary = read_summary(args.summary)
     if args.command == "check":
         arch, rank_size, mode, precision = the_runs(summary, args)
-        return run_check(summary, args.baseline, arch, rank_size, mode, args.acc_tolerance, args.fps_ratio, out,
+        return run_check(summary, args.baseline, arch, rank_size, mode, (args.acc_tolerance, args.fps_ratio), out,
                          precision)
     values = case_values(summary, args.network, args.rank_size, args.batch_size, args.mode)
     out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.summary))
@@ -398,7 +399,7 @@ def main(argv=None, out=sys.stdout):
     out.flush()
     if args.baseline:
         return run_check(summary, args.baseline, args.arch or args.network, args.rank_size, args.mode,
-                         args.acc_tolerance, args.fps_ratio, out, args.precision)
+                         (args.acc_tolerance, args.fps_ratio), out, args.precision)
     return EXIT_OK
 
 

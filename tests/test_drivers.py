@@ -545,9 +545,10 @@ def summary(**kw):
     return s
 
 
-def check(summary_dict, arch="resnet50", rank_size=8, mode="acc", table="published-2023", **kw):
+def check(summary_dict, arch="resnet50", rank_size=8, mode="acc", table="published-2023", acc_tolerance=None,
+          fps_ratio=None, **kw):
     out = io.StringIO()
-    rc = acceptance.run_check(summary_dict, table, arch, rank_size, mode, out=out, **kw)
+    rc = acceptance.run_check(summary_dict, table, arch, rank_size, mode, (acc_tolerance, fps_ratio), out=out, **kw)
     return rc, out.getvalue()
 
 

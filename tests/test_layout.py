@@ -256,7 +256,7 @@ def test_no_function_outside_tests_and_bench_is_over_80_lines():
     assert not long, "over {} lines, split them: {}".format(MAX_FUNCTION_LINES, ", ".join(long))
 
 
-MAX_PARAMETERS = 8  # a function of trainer/ that needs more takes the part or section that holds them
+MAX_PARAMETERS = 8  # a function that needs more takes the part, section or record that holds them
 
 
 def _parameters(node):
@@ -266,10 +266,11 @@ def _parameters(node):
     return len(names) + (a.vararg is not None) + (a.kwarg is not None)
 
 
-def test_no_function_of_the_trainer_takes_more_than_8_parameters():
+def test_no_function_of_the_trainer_modelzoo_or_tools_takes_more_than_8_parameters():
     """Functions, methods and hand-written constructors (a dataclass's fields are a record, not a call)."""
     many = ["{}:{} {} ({})".format(os.path.relpath(SOURCES[name], ROOT), node.lineno, node.name, _parameters(node))
-            for name in sorted(SOURCES) if name.split(".")[0] == "trainer" for node in ast.walk(TREES[name])
+            for name in sorted(SOURCES) if name.split(".")[0] in ("trainer", "modelzoo", "tools")
+            for node in ast.walk(TREES[name])
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(node) > MAX_PARAMETERS]
     assert not many, "more than {} parameters: {}".format(MAX_PARAMETERS, ", ".join(many))
 

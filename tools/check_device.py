@@ -239,16 +239,15 @@ class Battery:
             rc, s and s.get("status"), "unchanged" if kept else "CHANGED", (s or {}).get("error")))
 
     def check_fps(self, name):
-        arch, batch, size = self.sizes.fps[name]
-        steps, warm = self.sizes.fps_steps, self.sizes.fps_warmup
+        work = arch, batch, size, steps, warm = self.sizes.fps[name] + (self.sizes.fps_steps, self.sizes.fps_warmup)
         amp, bare_dtype = fps_amp(self.device, arch, batch, size)
         bare1 = bare_loop(self.device, arch, batch, size, steps, warm, bare_dtype)
-        trainer = self._trainer_fps(name, arch, batch, size, steps, warm, amp=amp)
+        trainer = self._trainer_fps(name, work, amp=amp)
         bare2 = bare_loop(self.device, arch, batch, size, steps, warm, bare_dtype)
         bare = (bare1 + bare2) / 2.0
         ratio = trainer / bare if bare and trainer else 0.0
         data = self.jpeg_data((steps + warm) * batch)
-        jpeg, backend = self._trainer_fps(name + "-jpeg", arch, batch, size, steps, warm, data=data, amp=amp)
+        jpeg, backend = self._trainer_fps(name + "-jpeg", work, data=data, amp=amp)
         fed = jpeg / trainer if trainer and jpeg else 0.0
         need = self.sizes.jpeg_pass[name]
         detail = ("{} bs {} {} px: trainer {:.0f} img/s, bare loop {:.0f} ({:.0f} / {:.0f}) = {:.3f}; from JPEGs "
@@ -257,8 +256,8 @@ class Battery:
         by_backend = {backend: jpeg}
         other = self.other_data_backend(backend)
         if other is not None:  # both backends in one call: which one --data-backend auto should be
-            by_backend[other], _ = self._trainer_fps(name + "-jpeg-" + other, arch, batch, size, steps, warm,
-                                                     data=data, backend=other, amp=amp)
+            by_backend[other], _ = self._trainer_fps(name + "-jpeg-" + other, work, data=data, backend=other,
+                                                     amp=amp)
             detail += "; {} backend {:.0f} img/s = {:.2f}{}".format(
                 other, by_backend[other], by_backend[other] / trainer if trainer else 0.0,
                 " (faster than the default)" if by_backend[other] > jpeg else "")
@@ -266,8 +265,8 @@ class Battery:
         ahead = self.device.decode_ahead if self.decode_ahead is None else self.decode_ahead
         if DEVICE_DECODE in by_backend and ahead:  # what the decode thread gives, same run
             extra["jpeg_fps_decode_on_training_thread"], _ = self._trainer_fps(
-                name + "-jpeg-" + DEVICE_DECODE + "-inline", arch, batch, size, steps, warm, data=data,
-                backend=DEVICE_DECODE, decode_ahead=False, amp=amp)
+                name + "-jpeg-" + DEVICE_DECODE + "-inline", work, data=data, backend=DEVICE_DECODE,
+                decode_ahead=False, amp=amp)
             detail += "; {} backend decoding on the training thread {:.0f} img/s".format(
                 DEVICE_DECODE, extra["jpeg_fps_decode_on_training_thread"])
         self.record(name, ratio >= self.sizes.fps_pass and fed >= need, detail,
@@ -283,8 +282,8 @@ class Battery:
         for name in self.sizes.compiled:
             arch, batch, size = self.sizes.fps[name]
             amp = fps_amp(self.device, arch, batch, size)[0]
-            eager = self._trainer_fps(name + "-eager", arch, batch, size, steps, warm, amp=amp)
-            fps, s = self._trainer_fps(name + "-compiled", arch, batch, size, steps, warm, compiled=True, amp=amp)
+            eager = self._trainer_fps(name + "-eager", (arch, batch, size, steps, warm), amp=amp)
+            fps, s = self._trainer_fps(name + "-compiled", (arch, batch, size, steps, warm), compiled=True, amp=amp)
             graph = s.get("compile") or {}
             rows[arch] = {"eager_fps": eager, "compiled_fps": fps, "ratio": fps / eager if eager else None,
                           "compile_seconds": s.get("compile_seconds"), "status": s.get("status"),
@@ -329,11 +328,12 @@ class Battery:
         self._jpeg = (root, src, files, made)
         return root
 
-    def _trainer_fps(self, name, arch, batch, size, steps, warm, data=None, backend=None, decode_ahead=None,
-                     compiled=False, amp=("--amp",)):
-        """main.py's train_fps on synthetic data, or (train_fps, data backend) fed from the JPEGs in ``data``
-        (``backend``: a --data-backend; default: the trainer's; ``decode_ahead``: see train_in_process; None:
-        the battery's choice; ``amp``: its precision flags); ``compiled``: with --compile, (train_fps, summary)."""
+    def _trainer_fps(self, name, work, data=None, backend=None, decode_ahead=None, compiled=False, amp=("--amp",)):
+        """main.py's train_fps for ``work`` (arch, batch, image size, timed and warm-up steps) on synthetic data, or
+        (train_fps, data backend) fed from the JPEGs in ``data`` (``backend``: a --data-backend, default the trainer's;
+        ``decode_ahead``: see train_in_process, None the battery's; ``amp``: its precision flags); ``compiled``:
+        with --compile, (train_fps, summary)."""
+        arch, batch, size, steps, warm = work
         decode_ahead = self.decode_ahead if decode_ahead is None else decode_ahead
         source = ["--dummy"] if data is None else [data, "-j", str(min(32, os.cpu_count() or 1))]
         if backend is not None:

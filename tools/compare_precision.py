@@ -41,6 +41,7 @@ from trainer import interpreter
 if __name__ == "__main__":
     interpreter.require()  # torch and the trainer's packages, or one line naming the Python that has them
 import argparse
+import collections
 import contextlib
 import copy
 import functools
@@ -255,9 +256,13 @@ def table(rows, top):
     return "\n".join(lines)
 
 
+Training = collections.namedtuple("Training", "lr loss_scale seed")  # the steps both sides take (record_run's)
+
+
 def compare_precision(model, batches, ref_device, tgt_device, amp_dtype=None, rtol=1e-3, atol=1e-5,
-                      lr=0.01, loss_scale=None, seed=0):
+                      training=Training(0.01, None, 0)):
     """Run the same steps on both sides and compare; returns the result dict (no printing)."""
+    lr, loss_scale, seed = training
     tgt_model = copy.deepcopy(model)
     if hasattr(tgt_model, "set_index_dtype"):
         tgt_model.set_index_dtype(tgt_device.index_dtype)
@@ -333,8 +338,8 @@ def run(args, out=None):
         str(amp_dtype).replace("torch.", "") + " autocast" if amp_dtype is not None else "float32",
         args.steps, args.batch_size, s, s, args.rtol, args.atol))
     try:
-        result = compare_precision(model, batches, ref, tgt, amp_dtype, args.rtol, args.atol, args.lr,
-                                   args.loss_scale, args.seed)
+        result = compare_precision(model, batches, ref, tgt, amp_dtype, args.rtol, args.atol,
+                                   Training(args.lr, args.loss_scale, args.seed))
     except (RuntimeError, ValueError, TypeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UsageError("--arch {} does not train on {}x3x{}x{} batches on {} ({}); try another --image-size or "

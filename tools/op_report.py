@@ -169,9 +169,8 @@ def is_supported(name, wanted):
     return any(f in wanted for f in name_forms(name))
 
 
-def op_report(model, make_batch, steps=3, device=None, warmup_steps=1, supported_ops=None, amp=False,
-              lr=0.01, output_dir=None, meta=None):
-    """Record ``steps`` training steps and return the report dict; with ``output_dir``, write its files."""
+def op_report(model, make_batch, steps=3, device=None, warmup_steps=1, supported_ops=None, amp=False, lr=0.01):
+    """Record ``steps`` training steps and return the report dict (``write_report`` writes its files)."""
     if steps < 2:
         raise UsageError("--steps must be at least 2: the dynamic-shape check compares later steps with the first")
     per_step = record_steps(model, make_batch, steps, device, warmup_steps, lr, amp)
@@ -194,17 +193,13 @@ def op_report(model, make_batch, steps=3, device=None, warmup_steps=1, supported
         if supported_ops is not None:
             entry["supported"] = is_supported(name, wanted)
         ops.append(entry)
-    report = dict(meta or {})
-    report.update({
+    return {
         "steps": steps, "warmup_steps": warmup_steps, "amp": bool(amp),
         "ops": ops,
         "all_ops": names,
         "dynamic_ops": [o["name"] for o in ops if o["dynamic"]],
         "unsupported_ops": ([o["name"] for o in ops if not o["supported"]] if supported_ops is not None else None),
-    })
-    if output_dir is not None:
-        write_report(report, output_dir)
-    return report
+    }
 
 
 def _shapes_text(shape_list):
@@ -297,10 +292,9 @@ def run(args, out=None):
         args.arch, device.name, args.warmup_steps, args.steps, args.batch_size, size, size,
         " (amp)" if args.amp else ""))
     try:
-        report = op_report(model, make_batch, args.steps, device, args.warmup_steps, supported, args.amp,
-                           meta={"arch": args.arch, "device": device.name, "batch_size": args.batch_size,
-                                 "image_size": size, "num_classes": args.num_classes},
-                           output_dir=None)
+        report = dict({"arch": args.arch, "device": device.name, "batch_size": args.batch_size,
+                       "image_size": size, "num_classes": args.num_classes},
+                      **op_report(model, make_batch, args.steps, device, args.warmup_steps, supported, args.amp))
     except (RuntimeError, ValueError, TypeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UsageError("--arch {} does not train on {}x3x{}x{} batches ({}); try another --image-size".format(
