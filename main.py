@@ -24,9 +24,9 @@ def _main(argv):
         print("\n".join(models.list_models()))
         return 0
     from trainer import inputs
-    inputs.check(parsed.cfg)  # the data set, the files named, the output folder: answered before torch is imported
+    found = inputs.check(parsed.cfg)  # the data set, the files named, the output folder: answered before torch
     from trainer.run import run
-    return run(parsed.cfg, parsed.notes)
+    return run(parsed.cfg, parsed.notes, found=found)
 
 
 def main(argv=None):

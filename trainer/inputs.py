@@ -1,21 +1,20 @@
 """The checks of a run's inputs that need no torch (the data set's folders and classes, the files named, the output
-folder): main.py calls ``check(cfg)`` before importing torch, and the plan finds it done for the same config.
+folder): main.py calls ``check(cfg)`` before importing torch and hands what it found to the plan, which checks them
+itself where it is given nothing (a tool's run).
 """
 import os
+
+import collections
 
 from trainer import data
 from trainer.errors import UsageError
 
-
-_checked = (None, None)  # (the config last checked, what was found): the plan of the same config reuses it
+Found = collections.namedtuple("Found", "classes")  # what the checks found: the class folders (None: --dummy)
 
 
 def check(cfg):
-    """The inputs of ``cfg`` checked (UsageError on the first problem): the number of the data's class folders (None
-    with --dummy)."""
-    global _checked
-    if _checked[0] is cfg:
-        return _checked[1]
+    """The inputs of ``cfg`` checked (UsageError on the first problem): ``Found``, the number of the data's class
+    folders (None with --dummy)."""
     run, classes = cfg.run, None
 
     # the data set: its folders, a class folder per class with images in train/, val/ against them; the classes
@@ -38,5 +37,4 @@ def check(cfg):
     if os.path.exists(run.output_dir) and not os.path.isdir(run.output_dir):
         raise UsageError("--output-dir '{}' is a file, not a folder".format(run.output_dir))
 
-    _checked = (cfg, classes)
-    return classes
+    return Found(classes)

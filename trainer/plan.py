@@ -59,14 +59,15 @@ def check_arch(name):
         raise UsageError(models.unknown_message(name))
 
 
-def plan(cfg, env=None, notes=()):
-    """The run ``cfg`` asks for, decided and checked here (``env``: os.environ by default; ``notes``: parsing's).
-    Raises UsageError (one line) on anything that cannot run."""
+def plan(cfg, env=None, notes=(), found=None):
+    """The run ``cfg`` asks for, decided and checked here (``env``: os.environ by default; ``notes``: parsing's;
+    ``found``: ``inputs.check(cfg)``'s, where main.py made it before torch was imported). Raises UsageError (one
+    line) on anything that cannot run."""
     run = cfg.run
     notes = list(notes)
 
     # the inputs that need no torch: the data set, the files named, the output folder (trainer/inputs.py)
-    found = inputs.check(cfg)
+    found = (found or inputs.check(cfg)).classes
 
     # the network asked for exists, and takes the options given
     check_arch(cfg.model.arch)

@@ -21,10 +21,10 @@ from trainer.job.rendezvous import RendezvousError, peer_failure, show_traces
 from trainer.trainer import Trainer
 
 
-def run(cfg, notes=(), amp_timer=None, env=None):
+def run(cfg, notes=(), amp_timer=None, env=None, found=None):
     """Entry point after parsing (``notes``: parsing's): the exit code. ``amp_timer``: the --amp dtype probe's timer;
-    ``env``: the environment the plan reads (os.environ by default)."""
-    plan = make_plan(cfg, env, notes)
+    ``env``: the environment the plan reads (os.environ by default); ``found``: what inputs.check found."""
+    plan = make_plan(cfg, env, notes, found)
     held_lock, plan = folders.hold_folder(plan)  # the process that starts rank 0 holds --output-dir
     try:
         if plan.launch.mode == "spawn":  # each rank reads the plan's files for itself: this process lets them go
