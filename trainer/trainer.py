@@ -193,8 +193,8 @@ class Trainer:
     def _loops(self):
         """The epoch loops (trainer/engine.py) over this rank's device, process group, recorder and log."""
         return Loops(self.device, self.dist, self.normalize, self.recorder, self.log, self.zoo, self.plan.run,
-                     self.plan.data.val_tta, self.precision, self.stop, self.batch_per_rank,
-                     self._save_mid if self.step is not None else None)
+                     val_tta=self.plan.data.val_tta, precision=self.precision, stop=self.stop,
+                     batch=self.batch_per_rank, save=self._save_mid if self.step is not None else None)
 
     def _writing(self):
         """Around a checkpoint's and its summary's write: a signal meanwhile waits for it to be whole."""
