@@ -12,12 +12,18 @@ import subprocess
 import sys
 import time
 
+from trainer.job.launch import free_port
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_DROPPED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TAG = "INJECT_FAULTS_RUN"
 SPAWN = ["--multiprocessing-distributed", "--world-size", "1", "--rank", "0", "--device-list", "0,1", "--port", "0",
          "--dist-timeout", "120"]
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0"]
+# --standalone's own, with a port of each run's (torch 1.11's --standalone takes port 29400, which two runs at a time
+# would share): PORT is filled in as the run starts
+PORT = "{port}"
+TORCHRUN = ["-m", "torch.distributed.run", "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:" + PORT,
+            "--nnodes", "1", "--nproc_per_node", "2", "--max_restarts", "0"]
 DRIVER = os.path.join(ROOT, "test", "train_full_1p.sh")  # ModelZoo's driver: its rank's log in train_0.log
 LAUNCHERS = ("one", "spawn", "torchrun", "driver")
 # how torchrun's agent ends at a signal it handles (SIGINT, SIGTERM): it raises SignalException, with a traceback
@@ -207,7 +213,7 @@ def start(cmd, out, err_path, env):
     """The run's process; for the driver (on this Python), its log is its rank's (train_0.log), its own output
     beside its stderr."""
     if cmd[0] != "bash":
-        return Child(cmd, err_path, env)
+        return Child([c.replace(PORT, str(free_port())) for c in cmd], err_path, env)
     return Child(cmd, err_path, dict(env, PYTHON=sys.executable), follow=os.path.join(out, "train_0.log"))
 
 
@@ -237,7 +243,7 @@ def tracebacks(text, launcher):
     """The last lines (the exception) of the tracebacks in ``text``, but torchrun's agent's at a signal: its way of
     ending there (KeyboardInterrupt where SIGINT came before it installed its handler)."""
     out = []
-    for block in text.split("Traceback (most recent call last):")[1:]:
+    for block in re.split(r"^Traceback \(most recent call last\):$", text, flags=re.M)[1:]:  # a line of its own
         last = next((line for line in block.splitlines()[1:] if line and not line[0].isspace()), "")
         if launcher == "torchrun" and (AGENT_SIGNALLED.match(last) or  # raised by the agent's handler only
                                        last == "KeyboardInterrupt" and "torch/distributed/run.py" in block):
