@@ -359,14 +359,19 @@ def describe(rec):
         rec.get("exit"), took, rec.get("landed", ""), " | " + why if why else "")
 
 
-def table(records):
-    """Outcomes per phase."""
-    rows = ["{:<11} {:>5} {:>6} {:>7} {:>8} {:>5} {:>7}".format("phase", "runs", *OUTCOMES)]
-    for phase in PHASES + ("all",):
-        mine = [r for r in records if phase in (r["phase"], "all")]
+def table(records, by="phase", groups=PHASES):
+    """Outcomes per phase (or per launcher: ``by``), and the seconds from the first signal to the exit of the runs
+    it stopped (its landing not "after the run"): median and most."""
+    head = "{:<11} {:>5} {:>6} {:>7} {:>8} {:>5} {:>7}  {:>14} {:>8}"
+    rows = [head.format(by, "runs", *OUTCOMES + ("to exit median", "most"))]
+    for group in tuple(groups) + ("all",):
+        mine = [r for r in records if group in (r[by], "all")]
+        took = sorted(r["signal_to_exit"] for r in mine if r.get("signal_to_exit") is not None
+                      and not r.get("landed", "").startswith("after the run"))
+        times = ["{:.2f} s".format(took[len(took) // 2]), "{:.2f} s".format(took[-1])] if took else ["-", "-"]
         if mine:
-            rows.append("{:<11} {:>5} {:>6} {:>7} {:>8} {:>5} {:>7}".format(
-                phase, len(mine), *[sum(r["outcome"] == o for r in mine) for o in OUTCOMES]))
+            counts = [sum(r["outcome"] == o for r in mine) for o in OUTCOMES]
+            rows.append(head.format(group, len(mine), *counts + times))
     return "\n".join(rows)
 
 
@@ -454,6 +459,8 @@ def run(a):
             print("=> uninterrupted run, {} -j{}: {} ({} steps an epoch)".format(launcher, workers, folder, steps))
         records = list(pool.map(one, injections))
     print(table(records))
+    if len(a.launchers) > 1:
+        print(table(records, "launcher", a.launchers))
     path = a.json or os.path.join(a.work_dir, "faults.json")
     passed = [r["outcome"] == "exact" or r["outcome"] == "redone" and r["redone"] <= a.max_redone for r in records]
     with open(path, "w") as f:
