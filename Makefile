@@ -52,8 +52,9 @@ MORE_TESTS   := -m "not slurm and (graph or ranks or double or clients or bench 
 # the other stacks' lanes run only the tests whose outcome can depend on torch (marker "stack", tests/README.md),
 # every one of them but Slurm's, in one pytest run
 STACK_TESTS  := -m "not slurm" --stack-only
-# a stack's second Python: the ways a user runs the trainer (marker "ways", a few stack tests), trained end to end
-WAYS_TESTS   := -m "ways and not slurm"
+# a stack's second Python: the ways a user runs the trainer (marker "ways", a few stack tests), trained end to end, and
+# the stack tests its first Python cannot run (marker "py38": msprobe's alignment, audit hooks)
+WAYS_TESTS   := -m "(ways or py38) and not slurm" --stack-only
 
 .PHONY: install install-compat install-torch1.11 test test-clients test-bench test-tools test-ranks test-slurm test-graph test-npu test-more test-compat test-torch1.11 install-torch1.11-py37 test-torch1.11-py37 stress soak ci demo lint clean-demo check-device
 
@@ -143,7 +144,8 @@ test-compat: install-compat
 	$(PY_COMPAT) -m pytest $(STACK_TESTS) $(PYTEST_ARGS)
 
 # torch 1.11.0 on Python 3.9 (1.11_requirements.txt, as its users install it): the ways a user runs the trainer
-# (marker "ways"), trained end to end; torch 1.11 itself is proven on Python 3.7 below, where every stack test runs
+# (marker "ways"), trained end to end, and what Python 3.7 cannot run (marker "py38"); torch 1.11 itself is proven on
+# Python 3.7 below, where every other stack test runs
 test-torch1.11: install-torch1.11
 	$(PY_111) -m pytest $(WAYS_TESTS) $(PYTEST_ARGS)
 

@@ -122,6 +122,9 @@ ONCE = pytest.mark.once
 # --amp; spawn, torchrun, the shell loops of the guides and ModelZoo, a ModelZoo driver, the guide's launch command.
 # A stack's second Python runs these (make test-torch1.11: torch 1.11 on Python 3.9), its first every STACK test.
 WAYS = pytest.mark.ways
+# PY38 (with STACK): it needs Python 3.8 or newer (msprobe has no Python 3.7 release; audit hooks), so torch 1.11's
+# Python 3.7 lane skips it, and its Python 3.9 lane (make test-torch1.11) runs it
+PY38 = pytest.mark.py38
 
 
 def stack_marker(item):

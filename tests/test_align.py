@@ -14,12 +14,12 @@ import subprocess
 
 import pytest
 
-from conftest import (ONCE, PY, ROOT, SMALL, STACK, THREADS, assert_one_line_error, child_env, finish, read_lines,
+from conftest import (ONCE, PY, PY38, ROOT, SMALL, STACK, THREADS, assert_one_line_error, child_env, finish, read_lines,
                       read_summary, run_main, trained)
 from tools import align as tool
 from trainer.record.observe import read_records
 
-pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(300)]
+pytestmark = [STACK, PY38, pytest.mark.clients, pytest.mark.timeout(300)]
 
 MSPROBE = importlib.util.find_spec("msprobe") is not None
 needs_msprobe = pytest.mark.skipif(not MSPROBE, reason="msprobe (pip install mindstudio-probe==26.2.0) is not "
