@@ -241,12 +241,13 @@ def send(child, launcher, signum):
 
 def tracebacks(text, launcher):
     """The last lines (the exception) of the tracebacks in ``text``, but torchrun's agent's at a signal: its way of
-    ending there (KeyboardInterrupt where SIGINT came before it installed its handler)."""
+    ending there (KeyboardInterrupt where SIGINT came before it installed its handler, not in main.py's frames)."""
     out = []
     for block in re.split(r"^Traceback \(most recent call last\):$", text, flags=re.M)[1:]:  # a line of its own
         last = next((line for line in block.splitlines()[1:] if line and not line[0].isspace()), "")
         if launcher == "torchrun" and (AGENT_SIGNALLED.match(last) or  # raised by the agent's handler only
-                                       last == "KeyboardInterrupt" and "torch/distributed/run.py" in block):
-            continue  # the agent's own way to end at a signal (a second one while it stops the workers: chained)
+                                       last == "KeyboardInterrupt" and "main.py" not in block):
+            continue  # the agent's own way to end at a signal (a second one while it stops the workers: chained;
+            # SIGINT before its handler, while it imports: Python's KeyboardInterrupt, not a worker's, in main.py)
         out.append(last or "(no exception line)")
     return out

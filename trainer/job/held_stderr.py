@@ -14,6 +14,7 @@ import threading
 import time
 
 from trainer.job import stop
+from trainer.record import lock
 
 
 class _Hold:
@@ -56,7 +57,9 @@ atexit.register(_release_all)
 
 
 def _end_by(sig):
-    """End this process by ``sig``'s default action, from any thread (libc's ``signal``: Python's is main-only)."""
+    """End this process by ``sig``'s default action, from any thread (libc's ``signal``: Python's is main-only), its
+    run's lock let go first (no ``finally`` runs)."""
+    lock.release_held()
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None)
         libc.signal.restype = ctypes.c_void_p

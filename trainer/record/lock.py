@@ -24,6 +24,7 @@ except ImportError:  # not on Linux / macOS
 from trainer.errors import UsageError
 
 LOCK = "run.lock"
+_HELD = []  # this process's locks: one that ends by a signal's default action (no finally runs) lets them go first
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP))
 START, PARENT = 19, 1  # numbers of /proc/PID/stat after the command: start time (clock ticks since boot), parent pid
 
@@ -113,6 +114,7 @@ class RunLock:
                 if previous:
                     self.taken_over, self.previous = _describe(previous, self.path), previous
                 self._write_info()
+                _HELD.append(self)
                 return self
         except OSError as exc:
             raise UsageError("--output-dir '{}' cannot be written ({}): choose a folder you can write to".format(
@@ -152,6 +154,8 @@ class RunLock:
         """Remove the lock file, then let the record lock go (in this order: a run waiting on it retries)."""
         if self.fd is None:
             return
+        with contextlib.suppress(ValueError):
+            _HELD.remove(self)
         with contextlib.suppress(OSError):
             if self._same_file(self.fd):
                 os.unlink(self.path)
@@ -165,6 +169,14 @@ class RunLock:
             with contextlib.suppress(OSError):
                 os.rmdir(self.folder)
         self._made_folder = False
+
+
+def release_held():
+    """Every lock this process holds, released: for a process about to end by a signal's default action (a rank
+    stopped at the rendezvous), where no ``finally`` runs."""
+    for held in list(_HELD):
+        with contextlib.suppress(OSError):
+            held.release()
 
 
 def _read(fd):
