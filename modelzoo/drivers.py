@@ -11,19 +11,22 @@ driver per node, its processes started as the guide's loop on a node (LOCAL_RANK
 Exit codes: 0 done, 1 the run failed, 2 bad input (one line on stderr), 3 a baseline check failed,
 4 the run diverged, 130 / 143 interrupted.
 """
-import functools
-import os
-import shlex
-import signal
-import subprocess
-import sys
-import time
-
-from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage
-from trainer import interpreter
-from trainer.errors import UsageError, counted
-from trainer.job.lifeline import die_with_parent
 from trainer.job.stop import hold_stops, stops_blocked
+
+if __name__ == "__main__":
+    hold_stops()  # first, as main.py does: a stop signal while the driver imports is kept, never a traceback
+import functools  # noqa: E402
+import os  # noqa: E402
+import shlex  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from modelzoo.plan import SCALES, command, parse, resolve, run_acceptance, tolerances, usage  # noqa: E402
+from trainer import interpreter  # noqa: E402
+from trainer.errors import UsageError, counted  # noqa: E402
+from trainer.job.lifeline import die_with_parent  # noqa: E402
 
 # ---------------------------------------------------------------- launch and supervise
 
@@ -273,5 +276,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    hold_stops()  # a stop signal before the supervision is kept for it; Slurm's warning after it is not fatal
     sys.exit(main())
