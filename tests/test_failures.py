@@ -228,7 +228,6 @@ def test_a_rank_stopped_at_the_rendezvous_writes_out_its_held_back_stderr(data70
         if p.poll() is None:
             p.kill()
     assert p.returncode == -sig, (p.returncode, err[-3000:])
-    assert not os.path.exists(os.path.join(str(tmp_path), "run.lock"))  # rank 0 held the folder: let go as it ended
     held = [ln for ln in err.splitlines() if "[c10d] The client socket has connected to [" in ln]
     assert held and all(err.count(ln) == 1 for ln in held), err[-3000:]  # written out once (1.11 logs 2 sockets)
     assert "Traceback" not in err and "error:" not in err, err[-3000:]

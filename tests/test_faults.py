@@ -41,6 +41,7 @@ def test_seeded_stop_signals_in_every_phase_resume_exactly(faults_data, tmp_path
     assert not bad and code == 0, "\n".join(bad + printed.strip().splitlines()[-9:])
 
 
+@ONCE  # on torch 2.1, spawn's SIGTERM at start-up once left rank 1 waiting out --dist-timeout (issue 55, open)
 @RANKS
 def test_seeded_stop_signals_to_spawn_torchrun_and_a_modelzoo_driver_resume_exactly(faults_data, tmp_path, capsys):
     """Six injections, one in each phase, into the other launchers: spawn's 2 ranks (a signal to its parent, as
