@@ -178,8 +178,9 @@ stress:
 
 # the stop path under seeded fault injection (tools/inject_faults.py): N stop signals (200 unless N is given) at
 # drawn moments of real runs of each launcher of LAUNCHERS (one process, spawn's 2 ranks, torchrun's 2 workers,
-# ModelZoo's test/train_full_1p.sh), two at a time, each resumed and compared with the run that was not stopped; a line per injection, a table per phase,
-# every injection in $(SOAK_DIR)/faults-SEED.json (exit 1 if one is not exact): make soak N=200 SEED=7
+# ModelZoo's test/train_full_1p.sh), two at a time, each resumed and compared with the run that was not stopped; a
+# line per injection, a table per phase and per launcher, every injection in $(SOAK_DIR)/faults-SEED.json (exit 1 if
+# one is not exact): make soak N=200 SEED=7
 SEED      ?= 0
 SOAK_DIR  ?= soak
 LAUNCHERS ?= one spawn torchrun driver
