@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# pip keeps no copy of what it downloads: the stacks' wheels are 8 GB, and CI's disk is shared with the tests' runs
+PIP_FLAGS := -q --disable-pip-version-check --no-cache-dir
 # the second lane: torch 2.1.0, the torch of ModelZoo's Ascend stack (requirements-compat.txt), on Python 3.9 (below),
 # a Python of its users (ModelZoo's entries run 3.8 to 3.10)
 VENV_COMPAT  := .venv-torch2.1
@@ -62,8 +64,8 @@ install: $(STAMP)
 
 $(STAMP): requirements.txt requirements-common.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install $(PIP_FLAGS) -r requirements.txt
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps -e .
 	$(PY) -m pip check
 	@./tools/install_system_deps.sh
 	@touch $@
@@ -72,8 +74,8 @@ install-compat: $(STAMP_COMPAT)
 
 $(STAMP_COMPAT): requirements-compat.txt requirements-common.txt pyproject.toml
 	$(call venv_on,$(VENV_COMPAT),install-compat,3.9,$(PYTHON39))
-	$(PY_COMPAT) -m pip install -q --disable-pip-version-check -r requirements-compat.txt
-	$(PY_COMPAT) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY_COMPAT) -m pip install $(PIP_FLAGS) -r requirements-compat.txt
+	$(PY_COMPAT) -m pip install $(PIP_FLAGS) --no-deps -e .
 	$(PY_COMPAT) -m pip check
 	@./tools/install_system_deps.sh
 	@touch $@
@@ -84,9 +86,9 @@ install-torch1.11: $(STAMP_111)
 # (requirements-torch1.11-tests.txt)
 $(STAMP_111): 1.11_requirements.txt requirements-torch1.11-tests.txt pyproject.toml
 	$(call venv_on,$(VENV_111),install-torch1.11,3.9,$(PYTHON39))
-	$(PY_111) -m pip install -q --disable-pip-version-check -r 1.11_requirements.txt
-	$(PY_111) -m pip install -q --disable-pip-version-check -r requirements-torch1.11-tests.txt
-	$(PY_111) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY_111) -m pip install $(PIP_FLAGS) -r 1.11_requirements.txt
+	$(PY_111) -m pip install $(PIP_FLAGS) -r requirements-torch1.11-tests.txt
+	$(PY_111) -m pip install $(PIP_FLAGS) --no-deps -e .
 	$(PY_111) -m pip check
 	@touch $@
 
@@ -96,9 +98,9 @@ install-torch1.11-py37: $(STAMP_37)
 # (requirements-py37-tests.txt)
 $(STAMP_37): 1.11_requirements.txt requirements-py37-tests.txt pyproject.toml
 	$(call venv_on,$(VENV_37),install-torch1.11-py37,3.7,$(PYTHON37))
-	$(PY_37) -m pip install -q --disable-pip-version-check -r 1.11_requirements.txt
-	$(PY_37) -m pip install -q --disable-pip-version-check -r requirements-py37-tests.txt
-	$(PY_37) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY_37) -m pip install $(PIP_FLAGS) -r 1.11_requirements.txt
+	$(PY_37) -m pip install $(PIP_FLAGS) -r requirements-py37-tests.txt
+	$(PY_37) -m pip install $(PIP_FLAGS) --no-deps -e .
 	$(PY_37) -m pip check
 	@touch $@
 

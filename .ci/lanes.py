@@ -9,8 +9,10 @@ Standard library only: it runs under the machine's own Python before any lane ha
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -71,6 +73,17 @@ def run_lane(lane, tag=""):
     return rc, time.monotonic() - t0, report
 
 
+def disk():
+    """'N GB free' of the clone's disk, and of the temporary folder's where it is another (the tests' runs write there)."""
+    seen, parts = set(), []
+    for where in (ROOT, tempfile.gettempdir()):
+        usage = shutil.disk_usage(where)
+        if (usage.total, usage.free) not in seen:
+            seen.add((usage.total, usage.free))
+            parts.append("{:.1f} GB free{}".format(usage.free / 1e9, "" if where == ROOT else " in " + where))
+    return ", ".join(parts)
+
+
 def say(text):
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
@@ -118,6 +131,7 @@ class Install:
 
 def all_lanes(lanes):
     rows, t_all, installs = [], time.monotonic(), {}
+    say("=== disk at the start: {} (the stacks' venvs take 16 GB)".format(disk()))
     for i, lane in enumerate(lanes):
         if i == 1:  # the first lane has installed the pinned stack and the system packages
             installs, last = {}, None
@@ -132,8 +146,8 @@ def all_lanes(lanes):
             continue
         rc, seconds, report = run_lane(lane)
         rows.append((lane, rc, seconds, counts(report)))
-        say("=== {}: {} in {:.0f} s{}".format(lane, "passed" if rc == 0 else "FAILED (exit {})".format(rc), seconds,
-                                              "; slowest tests:" if slowest(report) else ""))
+        say("=== {}: {} in {:.0f} s; disk: {}{}".format(lane, "passed" if rc == 0 else "FAILED (exit {})".format(rc),
+                                                        seconds, disk(), "; slowest tests:" if slowest(report) else ""))
         for t, name in slowest(report):
             say("    {:7.1f} s  {}".format(t, name))
     say("\n| lane | result | tests | s |\n|---|---|---|---|")
