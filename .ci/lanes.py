@@ -74,7 +74,8 @@ def run_lane(lane, tag=""):
 
 
 def disk():
-    """'N GB free' of the clone's disk, and of the temporary folder's where it is another (the tests' runs write there)."""
+    """'N GB free' of the clone's disk, and of the temporary folder's where it is another (where the tests' runs
+    write)."""
     seen, parts = set(), []
     for where in (ROOT, tempfile.gettempdir()):
         usage = shutil.disk_usage(where)
