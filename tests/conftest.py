@@ -1,11 +1,15 @@
 """Shared by the test files: generated data sets, the child-process runners (each with a time limit)
 and the one-line user-error contract."""
+import collections
+import contextlib
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import pytest
@@ -173,8 +177,139 @@ def run_main(args, env=None, timeout=600, cwd=ROOT):
     e["PYTHONUNBUFFERED"] = "1"
     if env:
         e.update(env)
-    return subprocess.run([PY, os.path.join(ROOT, "main.py")] + list(args), cwd=cwd, env=e,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_python([os.path.join(ROOT, "main.py")] + list(args), e, timeout, cwd)
+
+
+def run_python(argv, env, timeout, cwd=ROOT):
+    """``python *argv`` (a script and its arguments, or ``-m module ...``) in a fresh process with exactly ``env``;
+    CompletedProcess (text). The process is forked from a warm start of this test process (tests/warm_start.py:
+    torch and torchvision imported, nothing of the project) started with what of ``env`` Python and torch read as
+    they load (Warm.SETTLED); TESTS_COLD_START=1 makes every one a new interpreter."""
+    argv, cwd = [str(a) for a in argv], str(cwd)
+    done = Warm.run(argv, env, timeout, cwd)
+    if done is not None:
+        return done
+    return subprocess.run([PY] + argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+class Warm:
+    """This test process's warm starts (tests/warm_start.py), one for each environment that torch and Python read
+    while they load (SETTLED), started at its first run, the least recently used of more than LIMIT ended; one run
+    at a time (a run asked for while another is under way starts cold)."""
+    # read as Python, torch and its libraries load (OpenMP's threads, allocators, torch's own settings, the path)
+    SETTLED = ("OMP_", "KMP_", "GOMP_", "MKL", "TORCH", "PYTORCH", "PYTHON", "LD_", "CUDA", "NVIDIA", "ASCEND",
+               "TRITON", "MALLOC", "GLIBC", "LC_", "LANG")
+    LIMIT = 3
+    lock, pool, cold, broken = threading.Lock(), collections.OrderedDict(), set(), False
+
+    @classmethod
+    def key(cls, env):
+        """What of ``env`` a warm start is started with (PYTHONUNBUFFERED aside: warm_start.run reads it)."""
+        return tuple(sorted((k, v) for k, v in env.items() if k.startswith(cls.SETTLED) and k != "PYTHONUNBUFFERED"))
+
+    @classmethod
+    def run(cls, argv, env, timeout, cwd):
+        """The CompletedProcess of ``python *argv`` forked from the warm start of ``env``'s key, or None where it
+        starts cold (TESTS_COLD_START=1, another run under way, an environment where torch would load a device
+        extension with itself, no warm start came up)."""
+        if os.environ.get("TESTS_COLD_START") or cls.broken or not cls.lock.acquire(blocking=False):
+            return None
+        try:
+            key = cls.key(env)
+            proc = cls.pool.pop(key, None)
+            if proc is None:
+                if key in cls.cold:
+                    return None
+                try:
+                    proc = cls._start(env)
+                except OSError:
+                    cls.broken = True
+                    return None
+                if proc is None:  # torch would load a device extension with itself: main.py decides that
+                    cls.cold.add(key)
+                    return None
+            cls.pool[key] = proc
+            while len(cls.pool) > cls.LIMIT:
+                cls._end(cls.pool.popitem(last=False)[1])
+            return cls._run(key, argv, env, timeout, cwd)
+        finally:
+            cls.lock.release()
+
+    @classmethod
+    def _start(cls, env):
+        proc = subprocess.Popen([PY, os.path.join(ROOT, "tests", "warm_start.py")], cwd=ROOT,
+                                env=dict(env, PYTHONUNBUFFERED="1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                bufsize=0)  # raw: no read-ahead
+        ready = cls._reply(proc, 300)
+        if not ready or not ready.get("ready"):
+            cls._end(proc)
+            if ready and "why" in ready:
+                return None
+            raise OSError("the warm start did not come up")
+        return proc
+
+    @staticmethod
+    def _end(proc):
+        proc.kill()
+        proc.wait()
+
+    @staticmethod
+    def _reply(proc, timeout):
+        if not select.select([proc.stdout], [], [], timeout)[0]:
+            return None
+        line = proc.stdout.readline()  # raw, a byte at a time: the next reply stays in the pipe for select
+        return json.loads(line.decode()) if line else None
+
+    @classmethod
+    def _run(cls, key, argv, env, timeout, cwd):
+        proc = cls.pool[key]
+        with tempfile.TemporaryDirectory(prefix="warm-run-") as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            started, late = None, None
+            try:
+                request = (json.dumps(dict(argv=argv, env=env, cwd=cwd, stdout=out, stderr=err)) + "\n").encode()
+                while request:
+                    request = request[proc.stdin.write(request):]
+                started = cls._reply(proc, 60)
+                assert started and "pid" in started, ("the warm start did not fork a run", proc.poll())
+                ended = cls._reply(proc, timeout)
+                if ended is None:
+                    late = _process_state(started["pid"])
+                    os.kill(started["pid"], signal.SIGKILL)
+                    if cls._reply(proc, 60) is None:
+                        cls._drop(key, started)
+            except BaseException:  # the test's own time limit, a broken pipe: the run and its warm start go
+                cls._drop(key, started)
+                raise
+            text = []
+            for path in (out, err):
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    text.append(f.read())
+        if late is not None:
+            raise subprocess.TimeoutExpired([PY] + argv, timeout, output=text[0], stderr=text[1] + late)
+        return subprocess.CompletedProcess([PY] + argv, ended["status"], text[0], text[1])
+
+    @classmethod
+    def _drop(cls, key, started):
+        """The run under way killed, and its warm start with it (the next run of its key starts another)."""
+        if started and "pid" in started:
+            with contextlib.suppress(OSError):
+                os.kill(started["pid"], signal.SIGKILL)
+        proc = cls.pool.pop(key, None)
+        if proc is not None:
+            cls._end(proc)
+
+
+def _process_state(pid):
+    """'pid N was in state S (wchan)' from /proc, for a failure message ('' where /proc has none)."""
+    try:
+        with open("/proc/{}/stat".format(pid)) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open("/proc/{}/wchan".format(pid)) as f:
+            wchan = f.read().strip()
+        return "\n[killed after the timeout: pid {} was in state {} ({})]".format(pid, state, wchan)
+    except (OSError, IndexError):
+        return "\n[killed after the timeout: pid {}]".format(pid)
 
 
 def trained(data, out, args):
@@ -230,11 +365,10 @@ def assert_call_error(main_fn, argv, capsys, *fragments):
 
 
 def run_tool(name, args, env=None, timeout=300):
-    """tools/<name> in a fresh process (CompletedProcess, text)."""
+    """tools/<name> in a fresh process (CompletedProcess, text), forked from the warm start as run_main's."""
     e = dict(os.environ, OMP_NUM_THREADS=THREADS)
     e.update(env or {})
-    return subprocess.run([PY, os.path.join(ROOT, "tools", name)] + list(args), cwd=ROOT, env=e,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_python([os.path.join(ROOT, "tools", name)] + list(args), e, timeout)
 
 
 def read_lines(proc, until, timeout=120):

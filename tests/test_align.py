@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from conftest import (ONCE, PY, PY38, ROOT, SMALL, STACK, THREADS, assert_one_line_error, child_env, finish, read_lines,
-                      read_summary, run_main, trained)
+                      read_summary, run_main, run_python, trained)
 from tools import align as tool
 from trainer.record.observe import read_records
 
@@ -32,8 +32,7 @@ def align(*args, cwd=ROOT, env=None):
     """python3 -m tools.align ARGS in a fresh process."""
     e = dict(os.environ, OMP_NUM_THREADS=THREADS, PYTHONUNBUFFERED="1")
     e.update(env or {})
-    return subprocess.run([PY, "-m", "tools.align"] + [str(a) for a in args], cwd=cwd, env=e, capture_output=True,
-                          text=True, timeout=240)
+    return run_python(["-m", "tools.align"] + list(args), e, 240, cwd)
 
 
 def dump_run(data, out, workers, *more):

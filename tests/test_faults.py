@@ -1,4 +1,4 @@
-"""The stop path under seeded fault injection (tools/inject_faults.py): 24 injections of stop signals (one or two
+"""The stop path under seeded fault injection (tools/inject_faults.py): 12 injections of stop signals (one or two
 of SIGINT, SIGTERM, SIGUSR1) into one-process runs, and 6 into spawn's, torchrun's and a ModelZoo driver's, at drawn
 moments of every phase (start-up, building, a step, validation, a checkpoint's write, an epoch's end; -j 0 and -j 2),
 each resumed with --resume auto and compared with the run that was not stopped: every outcome exact (the exit code,
@@ -16,7 +16,7 @@ from tools import inject_faults
 # a stop signal to a real run, resumed: as tests/test_stop.py, what clusters do (make test-clients)
 pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(900)]
 
-SEED, COUNT = 55, 24
+SEED, COUNT = 55, 12  # every phase twice, both worker counts, all three signals, four second signals
 RANKS_SEED, RANKS_COUNT = 4, 6  # one of each phase; every launcher, all three signals, two pairs, mostly in epoch 0
 
 
@@ -37,6 +37,8 @@ def test_seeded_stop_signals_in_every_phase_resume_exactly(faults_data, tmp_path
         records = json.load(f)["injections"]
     assert len(records) == COUNT and {r["phase"] for r in records} == set(inject_faults.PHASES), printed
     assert {r["workers"] for r in records} == {0, 2}, printed
+    assert {s for r in records for s in r["signals"]} == set(inject_faults.SIGNALS), printed
+    assert sum(len(r["signals"]) == 2 for r in records) >= 2, printed
     bad = [line for line in printed.splitlines() if line.startswith("#") and "  exact  " not in line]
     assert not bad and code == 0, "\n".join(bad + printed.strip().splitlines()[-9:])
 
