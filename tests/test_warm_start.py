@@ -108,6 +108,7 @@ def test_the_warm_start_has_torch_and_nothing_of_the_project(tmp_path):
     assert done.stdout == "['torch', 'torchvision'] True\n", done
 
 
+@pytest.mark.skipif(sys.version_info < (3, 8), reason="no importlib.metadata: torch 1.11 loads no device extension")
 def test_an_installed_device_extension_leaves_the_choice_to_main_py(tmp_path):
     """torch >= 2.5 imports every installed device extension with itself, and main.py turns that off for a CPU run
     before torch loads (trainer/device_names.py): where one is installed and the user set nothing, runs start cold."""
@@ -119,6 +120,5 @@ def test_an_installed_device_extension_leaves_the_choice_to_main_py(tmp_path):
     script.write_text("print(1)\n")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(tmp_path / "site"))
     assert Warm.run([str(script)], env, 120, str(tmp_path)) is None and Warm.key(env) in Warm.cold
-    if sys.version_info >= (3, 8):  # the user's own setting: torch loads what it says, in both
-        done = Warm.run([str(script)], dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), 120, str(tmp_path))
-        assert done is not None and done.stdout == "1\n", done
+    done = Warm.run([str(script)], dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), 120, str(tmp_path))  # the user's
+    assert done is not None and done.stdout == "1\n", done  # own setting: torch loads what it says, in both
