@@ -10,6 +10,7 @@ the call to its end; the warm start itself is started before the first round (on
 tests). Prints the median seconds of each and their ratio, with the interpreter's own start to torchvision imported.
 """
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -18,11 +19,12 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+from tools.make_dataset import generate
 
-import conftest  # noqa: E402
-from tools.make_dataset import generate  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SPEC = importlib.util.spec_from_file_location("conftest", os.path.join(ROOT, "tests", "conftest.py"))
+conftest = importlib.util.module_from_spec(_SPEC)  # the tests' own runners, as the tests use them
+_SPEC.loader.exec_module(conftest)
 
 
 def timed(data, out, arch, cold):
