@@ -60,6 +60,17 @@ def data70(tmp_path_factory):
     return dataset(tmp_path_factory, "d70", 10, 6, 7, seed=5)
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """This process's environment as before each test: main.py called in this process sets what a run needs before
+    torch loads (TORCH_DEVICE_BACKEND_AUTOLOAD=0 for a CPU run), which later tests' children would inherit."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 def free_port():
     """A port free on 127.0.0.1 now (for a job of several ranks on localhost)."""
     import socket

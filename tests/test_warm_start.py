@@ -119,6 +119,7 @@ def test_an_installed_device_extension_leaves_the_choice_to_main_py(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("print(1)\n")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(tmp_path / "site"))
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)  # the user set nothing
     assert Warm.run([str(script)], env, 120, str(tmp_path)) is None and Warm.key(env) in Warm.cold
     done = Warm.run([str(script)], dict(env, TORCH_DEVICE_BACKEND_AUTOLOAD="0"), 120, str(tmp_path))  # the user's
     assert done is not None and done.stdout == "1\n", done  # own setting: torch loads what it says, in both
