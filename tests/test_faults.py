@@ -6,12 +6,15 @@ every step's loss, every validation, Acc@1, the weights, no step trained twice, 
 ``make soak`` draws more."""
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
 from conftest import ONCE, PY, RANKS, ROOT, STACK, assert_one_line_error, dataset
 from tools import inject_faults
+from tools._faults import child_env, into, run_args, start
 
 # a stop signal to a real run, resumed: as tests/test_stop.py, what clusters do (make test-clients)
 pytestmark = [STACK, pytest.mark.clients, pytest.mark.timeout(900)]
@@ -62,6 +65,26 @@ def test_seeded_stop_signals_to_spawn_torchrun_and_a_modelzoo_driver_resume_exac
     assert {s for r in records for s in r["signals"]} == set(inject_faults.SIGNALS), printed
     bad = [line for line in printed.splitlines() if line.startswith("#") and "  exact  " not in line]
     assert not bad and code == 0, "\n".join(bad + printed.strip().splitlines()[-9:])
+
+
+@ONCE
+def test_a_checkpoint_write_begun_before_it_is_held_is_a_missed_moment_not_a_failure(faults_data, tmp_path):
+    """A loaded machine can read the epoch's first line after its checkpoint's write began: the harness finds the
+    temporary file there, sends nothing, and inject_one starts the run again (up to inject_faults.TRIES runs)."""
+    a = inject_faults.build_parser().parse_args(["--work-dir", str(tmp_path), "--data", str(faults_data),
+                                                 "--epochs", "1"])
+    out = str(tmp_path / "run")
+    os.makedirs(out)
+    child = start(into(run_args(a, "one", 0), out), out, out + ".err", child_env(1))
+    try:
+        with open(os.path.join(out, ".checkpoint.pth.tar.tmp-{}".format(child.proc.pid)), "w"):
+            pass  # as the trainer's atomic write opens it
+        inj = {"phase": "checkpoint", "epoch": 0, "delay": 0.0, "launcher": "one"}
+        assert inject_faults.reach(child, inj, 5, out, child.started + 240) == inject_faults.MISSED
+        assert not any("## SIG" in line for line in child.lines)
+    finally:
+        child.kill_all(signal.SIGKILL)
+        child.finish(time.monotonic() + 60)
 
 
 @ONCE

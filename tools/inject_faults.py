@@ -102,8 +102,13 @@ def epoch_of(lines):
     return None
 
 
+MISSED = "missed"  # reach(): the moment passed before the harness could hold it; the run is started again
+TRIES = 3  # runs started for one injection, at most, while its moment is missed
+
+
 def reach(child, inj, steps, out, deadline):
-    """Waits for the injection's moment: True there, False where the run ended first, None past ``deadline``."""
+    """Waits for the injection's moment: True there, False where the run ended first, None past ``deadline``,
+    MISSED where it passed unheld (the checkpoint's write begun before its temporary file could be held)."""
     phase, epoch = inj["phase"], inj["epoch"]
     if phase == "start-up":  # the drawn delay, or the first log line where that comes sooner (a fast machine)
         seen = child.read(lambda line: True, min(deadline, child.started + inj["delay"]))
@@ -132,7 +137,10 @@ def _in_checkpoint_write(child, inj, out, deadline):
     if pid is None:
         return False
     fifo = os.path.join(out, ".checkpoint.pth.tar.tmp-{}".format(pid))  # trainer.record.checkpoint.atomic_write's
-    os.mkfifo(fifo)
+    try:
+        os.mkfifo(fifo)
+    except FileExistsError:  # the write had begun before this came (a loaded machine): no signal sent yet
+        return MISSED
     try:
         while not waits_in_open(pid):
             if child.read(None, min(deadline, time.monotonic() + 0.01)) is False:
@@ -239,15 +247,24 @@ def check_end(child, out, rec, what, launcher):
 def inject_one(a, inj, ref, steps, env):
     """One injection: the run stopped by it, resumed until ``ok``, compared with ``ref``; its record."""
     out = os.path.join(a.work_dir, "inj-{:03d}".format(inj["index"]))
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
     cmd = run_args(a, inj["launcher"], inj["workers"])
-    rec = dict(inj, folder=out, problems=[], differences=[], resumes=[], redone=0, signal_to_exit=None)
+    rec = dict(inj, folder=out, problems=[], differences=[], resumes=[], redone=0, signal_to_exit=None, missed=0)
     if inj["phase"] == "step":
         rec["step"] = 1 + int(inj["at"] * steps)
-    child = start(into(cmd, out), out, out + ".err", env)
-    deadline = child.started + a.timeout
-    reached, sent = reach(child, inj, steps, out, deadline), None
+    for _ in range(TRIES):  # a moment missed before any signal: the run is killed, its folder emptied, started again
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        child = start(into(cmd, out), out, out + ".err", env)
+        deadline = child.started + a.timeout
+        reached, sent = reach(child, inj, steps, out, deadline), None
+        if reached != MISSED:
+            break
+        rec["missed"] += 1
+        child.kill_all(signal.SIGKILL)
+        child.finish(time.monotonic() + 60)
+    if reached == MISSED:
+        reached = None
+        rec["problems"].append("the moment passed before it could be held, in each of {} runs".format(TRIES))
     if reached:
         for k, name in enumerate(inj["signals"]):
             if k:
@@ -255,7 +272,7 @@ def inject_one(a, inj, ref, steps, env):
             send(child, inj["launcher"], SIGNALS[name])
             child.lines.append("## SIG{} sent".format(name))  # in its .log file, where it came
             sent = sent or time.monotonic()
-    else:
+    elif not rec["problems"]:
         rec["problems"].append("the phase never came: the run {}".format("ended first" if reached is False
                                                                          else "passed --timeout"))
     code = child.finish(deadline)
@@ -353,7 +370,9 @@ def describe(rec):
                                                                                            rec["signals"][1]))
     result = rec["outcome"] + (" {}".format(rec["redone"]) if rec["outcome"] == "redone" else "")
     took = "" if rec.get("signal_to_exit") is None else ", {:.2f} s after the signal".format(rec["signal_to_exit"])
-    why = "; ".join(rec["problems"] + rec["differences"])
+    why = "; ".join(rec["problems"] + rec["differences"] + (["its moment passed unheld in {} run(s) before, "
+                                                             "started again".format(rec["missed"])]
+                                                           if rec.get("missed") and not rec["problems"] else []))
     return "#{:<3} {:<10} {:<6} +{:.2f}s  {:<16} {:<8} -j{}  {:<8} exit {}{}  {}{}".format(
         rec["index"], rec["phase"], where, rec["delay"], sigs, rec["launcher"], rec["workers"], result,
         rec.get("exit"), took, rec.get("landed", ""), " | " + why if why else "")
