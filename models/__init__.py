@@ -9,6 +9,7 @@
 with ``register_model`` (models/registry.py, the one module a model module imports).
 """
 import difflib
+import re
 
 from models.registry import REGISTRY as _REGISTRY, register_model  # noqa: F401 (models.register_model)
 
@@ -82,11 +83,19 @@ def same_weights(a, b):
     return base.get(a, a) == base.get(b, b)
 
 
+# torchvision's ResNet builders by their names (resnet18, resnext50_32x4d, wide_resnet50_2...): what --blurpool
+# applies to, told without importing torchvision, so that a command line and a recipe are checked before torch loads
+_RESNET_BUILDER = re.compile(r"resnet\d+|resnext\d+_\d+x\d+d|wide_resnet\d+_\d+")
+
+
+def blurpool_applies(name):
+    """Whether --blurpool applies to the network ``name`` (as ``resolve`` gives it): a torchvision ResNet's."""
+    return bool(_RESNET_BUILDER.fullmatch(name))
+
+
 def blurpool_archs():
     """The names --blurpool applies to: torchvision's ResNet builders (resnet*, resnext*, wide_resnet*)."""
-    import torchvision.models.resnet as resnet
-    return sorted(n for n in _torchvision_names() if callable(getattr(resnet, n, None)) and n.islower()
-                  and n not in _REGISTRY)
+    return sorted(n for n in _torchvision_names() if blurpool_applies(n))
 
 
 def get_model(name, num_classes=1000, blurpool=False, **kwargs):

@@ -2,6 +2,7 @@
 (main.py and the drivers), a move says so as it happens, errors that need no torch come before torch is imported,
 what a run writes in the repository root is ignored by git, and messages count as English does."""
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -9,9 +10,10 @@ import subprocess
 
 import pytest
 
-from conftest import ONCE, ROOT, SMALL, dataset, read_summary, run_main
+from conftest import ONCE, PY, ROOT, SMALL, dataset, read_summary, run_main
 from test_bad_input import MAIN_PY, _imports
 from test_drivers import TINY_IMAGES, driver_env, run_driver
+from trainer import recipes, zoo
 from trainer.record import earlier, folders, lock, profiling
 
 pytestmark = [ONCE, pytest.mark.clients, pytest.mark.timeout(300)]
@@ -161,6 +163,41 @@ def test_input_errors_are_answered_before_torch_is_imported(few, broken, tmp_pat
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], (args, err[-2000:])
     assert a_file.read_text() == "keep me" and not os.path.exists(str(tmp_path / "o"))
+
+
+_PARSE_EVERY = """
+import json, sys
+from trainer import recipes, zoo
+from trainer.config import parse_config
+data, parsed, blurpool_dropped = sys.argv[1], 0, 0
+for device in ("cpu", "npu", "cuda"):
+    for arch in ("resnet50", "shufflenet_v2_x1_0", "tiny_cnn"):
+        for recipe in [None] + recipes.names():
+            argv = [data, "-a", arch, "--device", device] + (["--recipe", recipe] if recipe else [])
+            got = parse_config(argv, env={})
+            parsed += 1
+            blurpool_dropped += any("--blurpool is for ResNets" in note for note in got.notes)
+            assert not got.cfg.model.blurpool or arch == "resnet50", argv
+    for entry in zoo.ENTRIES:
+        for env in ({}, {"RANK_SIZE": "8"}):
+            parse_config([data, "--device", device, "--modelzoo", entry], env=env)
+            parsed += 1
+print(json.dumps({"parsed": parsed, "blurpool_dropped": blurpool_dropped, "torch": "torch" in sys.modules,
+                  "torchvision": "torchvision" in sys.modules}))
+"""
+
+
+def test_parsing_every_recipe_and_modelzoo_entry_for_a_named_device_imports_no_torch(few):
+    """A command line, any recipe (--blurpool's networks told by name) and either ModelZoo entry parse into their
+    config without importing torch or torchvision, for -a of each kind; a ResNet recipe under another -a drops its
+    --blurpool with a note, never an error asking to drop a flag the user did not give."""
+    proc = subprocess.run([PY, "-c", _PARSE_EVERY, few], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    recipes_count = len(recipes.names())
+    assert got["parsed"] == 3 * (3 * (1 + recipes_count) + 2 * len(zoo.ENTRIES)), got
+    assert got["blurpool_dropped"] >= 2 * 3, got  # each ResNet recipe under shufflenet and tiny_cnn, at least
+    assert not got["torch"] and not got["torchvision"], got
 
 
 # ---------------------------------------------------------------- the repository root, and counts

@@ -239,9 +239,9 @@ def model_section(ns):
         base = [k for k, v in models.VARIANTS.items() if v == ns.arch][0]
         raise UsageError("--model-impl torchvision with -a {}: that is this project's variant; use -a {} for "
                          "torchvision's network".format(ns.arch, base))
-    if ns.blurpool and model not in models.blurpool_archs():
-        raise UsageError("--blurpool applies to torchvision's ResNets ({}), not to -a {}: drop --blurpool".format(
-            ", ".join(models.blurpool_archs()), ns.arch))
+    if ns.blurpool and not models.blurpool_applies(model):
+        raise UsageError("--blurpool applies to torchvision's ResNets (resnet*, resnext*, wide_resnet*), not to -a {}: "
+                         "drop --blurpool".format(ns.arch))
     if ns.compile_mode != "default" and not ns.compile:
         raise UsageError("--compile-mode {} needs --compile".format(ns.compile_mode))
     notes = () if model == ns.arch else (

@@ -71,7 +71,7 @@ def plan(cfg, env=None, notes=(), found=None):
 
     # the network asked for exists, and takes the options given
     check_arch(cfg.model.arch)
-    if cfg.model.zero_init_residual and cfg.model.name not in models.blurpool_archs():
+    if cfg.model.zero_init_residual and not models.blurpool_applies(cfg.model.name):
         raise UsageError("--zero-init-residual applies to torchvision's ResNets (resnet*, resnext*, wide_resnet*), "
                          "not to -a {}: drop it".format(cfg.model.arch))
 

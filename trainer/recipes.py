@@ -211,7 +211,7 @@ def flag_defaults(name, ranks, explicit=None, ns=None):
     if source != name:
         values.pop("arch", None)  # fast: the network is the run's
     if values.get("blurpool") and "blurpool" not in given and ns is not None and \
-            not _blurpool_applies(values.get("arch") or ns.arch, ns):
+            not _blurpool_applies(given.get("arch") or values.get("arch") or ns.arch, ns):  # -a given wins
         values.pop("blurpool")
         notes.append("the recipe's --blurpool is for ResNets: -a {} trains without it".format(ns.arch))
     if recipe.get("rule") == "ffcv":
@@ -230,7 +230,7 @@ def flag_defaults(name, ranks, explicit=None, ns=None):
 
 def _blurpool_applies(arch, ns):
     import models
-    return models.resolve(arch, getattr(ns, "model_impl", "auto")) in models.blurpool_archs()
+    return models.blurpool_applies(models.resolve(arch, getattr(ns, "model_impl", "auto")))
 
 
 def _device_kind(ns):
