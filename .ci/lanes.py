@@ -28,9 +28,6 @@ LANES = ("lint", "test", "test-more", "test-slurm", "test-compat", "test-torch1.
 # The other stacks' installs run in the background, one after another, from the end of the first lane (lint installs
 # the pinned stack and the system packages every stack shares), beside the pinned stack's lanes; a lane of that stack
 # waits for its install first (its output in .ci-reports/<install>.log, printed where it fails).
-# A lane that mostly waits runs beside another, started with it (the real Slurm's lane is two minutes of which one is
-# a job waiting out its time limit, its CPU idle): its output goes to .ci-reports/<lane>.log, printed when it has ended.
-BESIDE = {"test-slurm": "test-torch1.11-py37"}
 INSTALLS = {"install-compat": ("test-compat",),
             "install-torch1.11-py37": ("test-torch1.11-py37",),
             "install-torch1.11": ("test-torch1.11",)}
@@ -62,9 +59,8 @@ def counts(xml_path):
     return out
 
 
-def run_lane(lane, tag="", out=None):
-    """Run ``make <lane>`` with its pytest report in .ci-reports/ (its output to ``out``, a file, where given);
-    (exit code, seconds, report path)."""
+def run_lane(lane, tag=""):
+    """Run ``make <lane>`` with its pytest report in .ci-reports/; (exit code, seconds, report path)."""
     os.makedirs(REPORTS, exist_ok=True)
     report = os.path.join(REPORTS, "{}{}.xml".format(lane, tag))
     if os.path.exists(report):
@@ -73,8 +69,7 @@ def run_lane(lane, tag="", out=None):
     env["PYTEST_ADDOPTS"] = " ".join(filter(None, [env.get("PYTEST_ADDOPTS", ""),
                                                    "--junitxml=" + shlex.quote(report)]))
     t0 = time.monotonic()
-    rc = subprocess.call(["make", "--no-print-directory", lane], cwd=ROOT, env=env, stdout=out,
-                         stderr=None if out is None else subprocess.STDOUT)
+    rc = subprocess.call(["make", "--no-print-directory", lane], cwd=ROOT, env=env)
     return rc, time.monotonic() - t0, report
 
 
@@ -135,33 +130,8 @@ class Install:
         return self.rc
 
 
-class Beside:
-    """A lane run in the background (``run_lane``), its output in .ci-reports/<lane>.log."""
-
-    def __init__(self, lane):
-        os.makedirs(REPORTS, exist_ok=True)
-        self.lane, self.log, self.done = lane, os.path.join(REPORTS, lane + ".log"), threading.Event()
-        self.rc, self.seconds, self.report = 2, 0.0, None
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self):
-        try:
-            with open(self.log, "w") as out:
-                self.rc, self.seconds, self.report = run_lane(self.lane, out=out)
-        finally:
-            self.done.set()
-
-
-def report_lane(lane, rc, seconds, report, beside=""):
-    say("=== {}{}: {} in {:.0f} s; disk: {}{}".format(lane, beside, "passed" if rc == 0 else
-                                                    "FAILED (exit {})".format(rc), seconds, disk(),
-                                                    "; slowest tests:" if slowest(report) else ""))
-    for t, name in slowest(report):
-        say("    {:7.1f} s  {}".format(t, name))
-
-
 def all_lanes(lanes):
-    rows, t_all, installs, besides = [], time.monotonic(), {}, []
+    rows, t_all, installs = [], time.monotonic(), {}
     say("=== disk at the start: {} (the stacks' venvs take 16 GB)".format(disk()))
     for i, lane in enumerate(lanes):
         if i == 1:  # the first lane has installed the pinned stack and the system packages
@@ -169,14 +139,7 @@ def all_lanes(lanes):
             for target, served in INSTALLS.items():
                 if set(served) & set(lanes[1:]):
                     installs[target] = last = Install(target, after=last)
-        if BESIDE.get(lane) in lanes:
-            continue  # started with the lane it runs beside
         say("=== {} ===".format(lane))
-        for other in lanes:
-            if BESIDE.get(other) == lane:
-                say("=== {} starts beside it (its output in {})".format(other, os.path.relpath(
-                    os.path.join(REPORTS, other + ".log"), ROOT)))
-                besides.append(Beside(other))
         needs = [installs[target] for target, served in INSTALLS.items() if lane in served and target in installs]
         if any(install.wait() for install in needs):
             rows.append((lane, 2, 0.0, None))
@@ -184,16 +147,10 @@ def all_lanes(lanes):
             continue
         rc, seconds, report = run_lane(lane)
         rows.append((lane, rc, seconds, counts(report)))
-        report_lane(lane, rc, seconds, report)
-    for b in besides:
-        waited = time.monotonic()
-        b.done.wait()
-        with open(b.log) as f:
-            text = f.read()
-        say("=== {} (beside {}) ===\n{}".format(b.lane, BESIDE[b.lane], text if b.rc else text[-3000:]))
-        rows.insert(lanes.index(b.lane), (b.lane, b.rc, b.seconds, counts(b.report) if b.report else None))
-        report_lane(b.lane, b.rc, b.seconds, b.report, " (beside {}, {:.0f} s waited for)".format(
-            BESIDE[b.lane], time.monotonic() - waited))
+        say("=== {}: {} in {:.0f} s; disk: {}{}".format(lane, "passed" if rc == 0 else "FAILED (exit {})".format(rc),
+                                                        seconds, disk(), "; slowest tests:" if slowest(report) else ""))
+        for t, name in slowest(report):
+            say("    {:7.1f} s  {}".format(t, name))
     say("\n| lane | result | tests | s |\n|---|---|---|---|")
     for lane, rc, seconds, c in rows:
         tests = "{passed} passed, {failed} failed, {skipped} skipped".format(**c) if c else "-"
