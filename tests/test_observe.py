@@ -40,6 +40,13 @@ def resumed(shapes, tmp_path_factory):
     w = SummaryWriter(os.path.join(str(out), "tensorboard"))
     w.add_scalar("train/loss", 99.0, 2 * STEPS + 1)
     w.close()
+    # TensorBoard reads a folder's event files in the order of their names, which begin with the second each was
+    # made in, then the host and the pid: the resumed run's file (with its purge) must come after this one, as a real
+    # crash's (made seconds before) does, and not sort before it by its pid within one second
+    (made,) = [int(n.split(".")[3]) for n in os.listdir(os.path.join(str(out), "tensorboard"))
+               if n.startswith("events.out.tfevents.") and n.rsplit(".", 2)[1] == str(os.getpid())]
+    while int(time.time()) <= made:
+        time.sleep(0.05)
     second = run_main([shapes, "--output-dir", str(out), "--epochs", "3", "--resume", "auto"] + RUN)
     assert second.returncode == 0, second.stderr[-2000:]
     return out, first, second
